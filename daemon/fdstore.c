@@ -12,7 +12,10 @@
  * description may hold; the encoder refuses what it refuses, and the
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
- * The encoder writes FDSTORE_VERSION only; the decoder also reads version
+ * The encoder writes FDSTORE_VERSION where a model waits, else
+ * FDSTORE_VERSION_NO_WAITS (the same bytes but the wait lines' lengths,
+ * which an older wcached reads); the decoder also reads version
+ * 7, whose models end after their artifacts (no wait line: NULL), version
  * 6, whose artifacts end after their build time (builder's gid
  * FDSTORE_GID_UNRECORDED, no groups: not recorded), version 5, whose
  * generations have no holders' uids after their holders (nuids
@@ -41,7 +44,8 @@
 #define MIN_STRING 3u
 #define MODEL_FIXED (8u + 8u + 4u)               /* slot, last generation, count */
 #define MIN_MODEL_V2 (2u * MIN_STRING + MODEL_FIXED)
-#define MIN_MODEL (MIN_MODEL_V2 + 4u)            /* and the artifact count */
+#define MIN_MODEL_V7 (MIN_MODEL_V2 + 4u)         /* and the artifact count */
+#define MIN_MODEL (MIN_MODEL_V7 + 2u)            /* and the wait line's length */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION_V5 (MIN_STRING + GENERATION_FIXED)
 #define MIN_GENERATION (MIN_GENERATION_V5 + 4u)  /* and the holder uid count */
@@ -121,12 +125,16 @@ int
 fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 {
 	struct out o = { 0 };
+	uint32_t version = FDSTORE_VERSION_NO_WAITS;
 	int r;
 
 	if ((r = fdstore_check(d)) < 0)
 		return r;
+	for (uint32_t i = 0; i < d->nmodels && version == FDSTORE_VERSION_NO_WAITS; i++)
+		if (d->models[i].waits != NULL)
+			version = FDSTORE_VERSION;
 	put(&o, FDSTORE_MAGIC, 8);
-	put_le(&o, FDSTORE_VERSION, 4);
+	put_le(&o, version, 4);
 	put_le(&o, d->nmodels, 4);
 	put_le(&o, d->status_size, 8);
 	for (uint32_t i = 0; i < d->nmodels; i++) {
@@ -186,6 +194,10 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 			for (uint32_t k = 0; k < art->builder_ngroups; k++)
 				put_le(&o, art->builder_groups[k], 4);
 		}
+		if (m->waits != NULL)
+			put_string(&o, m->waits);
+		else if (version >= 8)
+			put_le(&o, 0, 2);
 	}
 	if (o.err != 0) {
 		free(o.p);
@@ -425,6 +437,20 @@ get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint
 	return get_builder_groups(in, a, where);
 }
 
+/* A model's wait line: a u16 length, 0 (none: NULL) or a string of up to
+ * FDSTORE_MAX_WAIT_LINE bytes. */
+static int
+get_wait_line(struct in *in, struct fdstore_model *m, const char *where)
+{
+	uint64_t n;
+	int r;
+
+	if ((r = get_le(in, 2, &n, where, "wait line")) < 0 || n == 0)
+		return r;
+	in->off -= 2; /* read again as the string's length */
+	return get_string(in, FDSTORE_MAX_WAIT_LINE, &m->waits, where, "wait line");
+}
+
 static int
 get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 {
@@ -459,7 +485,9 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 	for (uint32_t a = 0; a < m->nartifacts; a++)
 		if ((r = get_artifact(in, &m->artifacts[a], where, a, version)) < 0)
 			return r;
-	return 0;
+	if (version < 8)
+		return 0; /* version 7: no wait line */
+	return get_wait_line(in, m, where);
 }
 
 int
@@ -483,7 +511,8 @@ fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out)
 			"reads %u to %u", version, FDSTORE_VERSION_MIN, FDSTORE_VERSION);
 	if ((d = calloc(1, sizeof(*d))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
-	if ((r = get_count(&in, FDSTORE_MAX_MODELS, version < 3 ? MIN_MODEL_V2 : MIN_MODEL,
+	if ((r = get_count(&in, FDSTORE_MAX_MODELS, version < 3 ? MIN_MODEL_V2 :
+			 version < 8 ? MIN_MODEL_V7 : MIN_MODEL,
 		     &d->nmodels, "header", "model count")) < 0 ||
 		(r = get_le(&in, 8, &d->status_size, "header", "status size")) < 0)
 		goto fail;
@@ -558,7 +587,9 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 
 		if (strcmp(x->name, y->name) != 0 || strcmp(x->path, y->path) != 0 ||
 			x->slot != y->slot || x->last_generation != y->last_generation ||
-			x->ngenerations != y->ngenerations || x->nartifacts != y->nartifacts)
+			x->ngenerations != y->ngenerations || x->nartifacts != y->nartifacts ||
+			(x->waits == NULL) != (y->waits == NULL) ||
+			(x->waits != NULL && strcmp(x->waits, y->waits) != 0))
 			return 0;
 		for (uint32_t g = 0; g < x->ngenerations; g++)
 			if (!stored_generation_equal(&x->generations[g], &y->generations[g]))
@@ -609,6 +640,7 @@ fdstore_free(struct fdstore_desc *d)
 		free_artifacts(m->artifacts, m->nartifacts);
 		free(m->name);
 		free(m->path);
+		free(m->waits);
 	}
 	free(d->models);
 	free(d);

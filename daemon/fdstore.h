@@ -19,8 +19,10 @@
  * st_ctim), each derived artifact (key, source generation, the artifact
  * memfd's and its index memfd's FDNAME and size, the builder's uid and
  * pid, the build time and, since version 7, the builder's gid and
- * supplementary groups). Strings are a u16 length and that many bytes, no
- * NUL. Versions 6 (artifacts without their builder's groups), 5
+ * supplementary groups), and, since version 8, each model ends with the
+ * line of the refusal its files wait behind (u16 length, 0: none).
+ * Strings are a u16 length and that many bytes, no
+ * NUL. Versions 7 (models without a wait line), 6 (artifacts without their builder's groups), 5
  * (generations without their holders' uids either), 4 (nor files
  * their ctime), 3 (nor their origin) and 2 (no artifacts either) are still
  * read.
@@ -53,7 +55,10 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 7u                /* 7: artifacts record their builder's gid
+#define FDSTORE_VERSION 8u                /* 8: a model records the line of the refusal
+					     its files wait behind (the operator's
+					     `wcachectl reload NAME`);
+					     7: artifacts record their builder's gid
 					     and supplementary groups;
 					     6: generations record their holders' uids;
 					     5: files record their st_ctim and st_nlink,
@@ -61,6 +66,10 @@
 					     4: a staged copy's file names its origin's
 					     st_dev and st_ino; 3: models carry their
 					     derived artifacts */
+#define FDSTORE_VERSION_NO_WAITS 7u       /* what the encoder writes when no model
+					     waits (fdstore_model's waits): the
+					     oldest version that holds it, which a
+					     wcached before version 8 still reads */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
 					     a version 7 without holders' uids, artifacts,
 					     origins or ctimes */
@@ -81,6 +90,7 @@
 #define FDSTORE_MAX_FDNAME 255u           /* systemd's limit for FDNAME= */
 #define FDSTORE_MAX_MODEL_NAME 1024u      /* WIRE_MAX_NAME */
 #define FDSTORE_MAX_PATH 4095u
+#define FDSTORE_MAX_WAIT_LINE 32768u      /* a model's wait line, in bytes */
 #define FDSTORE_MAX_PIN PIN_ALL           /* enum pin_mode (pin.h): none, metadata, all */
 
 /* The fixed FDNAMEs; per generation, fdstore_name_index/_file(); per
@@ -185,6 +195,14 @@ struct fdstore_model {
 	struct fdstore_generation *generations;
 	uint32_t nartifacts;    /* 0 .. FDSTORE_MAX_ARTIFACTS */
 	struct fdstore_artifact *artifacts;
+	/* Version 8: the model was not served from what its path names now,
+	 * which waits for the operator's `wcachectl reload NAME` (a refused
+	 * watched reload, a warm restart that could not restore it in a place
+	 * others may rename entries in): the refusal's line, 1 ..
+	 * FDSTORE_MAX_WAIT_LINE bytes, no NUL. NULL: it waits for nothing (or
+	 * a version 2 to 7 description described it). The next start keeps
+	 * the wait (review rev203 H1). */
+	char *waits;
 };
 
 struct fdstore_desc {

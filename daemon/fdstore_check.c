@@ -240,7 +240,9 @@ fdstore_check(const struct fdstore_desc *d)
 		snprintf(where, sizeof(where), "model %" PRIu32 " (\"%.1024s\")", i,
 			m->name != NULL ? m->name : "");
 		if ((r = check_string(m->name, FDSTORE_MAX_MODEL_NAME, 0, where, "name")) < 0 ||
-			(r = check_string(m->path, FDSTORE_MAX_PATH, 0, where, "path")) < 0)
+			(r = check_string(m->path, FDSTORE_MAX_PATH, 0, where, "path")) < 0 ||
+			(m->waits != NULL && (r = check_string(m->waits, FDSTORE_MAX_WAIT_LINE, 0,
+						      where, "wait line")) < 0))
 			return r;
 		if (m->path[0] != '/')
 			return error_set(-EINVAL, "fdstore: %s: path: not absolute", where);

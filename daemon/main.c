@@ -809,9 +809,14 @@ main(int argc, char **argv)
 	struct batch *b = batch_new(&d, start_serving, NULL);
 	for (size_t i = 0; i < d.cfg->n_models; i++) {
 		const struct model_config *m = &d.cfg->models[i];
+		int restoring = fdstore ? restore_model(stored, &d.reg, m->name, m->path, m->pin,
+						m->warm, batch_restore_done, b) : 0;
 
-		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, m->pin, m->warm,
-				       batch_restore_done, b)) {
+		if (restoring == RESTORE_MODEL_WAITS) {
+			/* Listed, waiting for the operator's reload: failed. */
+			batch_set_access(&d, m);
+			b->failed++;
+		} else if (restoring) {
 			batch_set_access(&d, m);
 			b->pending++;
 		} else {

@@ -491,19 +491,25 @@ registry_add_generation(struct registry *r, struct model_entry *m, struct genera
 void
 registry_withdraw(struct registry *r, struct model_entry *m, const char *why)
 {
+	/* Queued while the withdrawn generation is still its newest, so that
+	 * the reload keeps its tree (keep_tree); a reload that must wait for
+	 * a load in progress keeps that one's. */
+	int err = registry_reload_watched(r, m->name, NULL, NULL);
+
 	m->current = NULL;
 	m->load_errors++;
 	free(m->error);
 	m->error = strdup(why);
 	publish(r, m, 0);
-	if (registry_load(r, m->name, m->path, m->pin, m->warm, NULL, NULL) < 0)
+	if (err < 0)
 		log_errorx("%s; not served", error_get());
 	if (r->changed != NULL)
 		r->changed(r);
 }
 
 void
-registry_wait_for_operator(struct registry *r, const char *name, const char *why)
+registry_wait_for_operator(struct registry *r, const char *name, const char *why,
+	const char *line)
 {
 	struct model_entry *m = registry_entry_named(r, name);
 
@@ -512,8 +518,18 @@ registry_wait_for_operator(struct registry *r, const char *name, const char *why
 	m->load_errors++;
 	free(m->error);
 	m->error = strdup(why);
+	registry_refusal_kept(r, name, line != NULL ? line : why);
+}
+
+void
+registry_refusal_kept(struct registry *r, const char *name, const char *line)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return;
 	free(m->refused_line);
-	m->refused_line = strdup(why);
+	m->refused_line = strdup(line);
 	m->refused_tree = 1;
 	if (r->changed != NULL)
 		r->changed(r);

@@ -397,8 +397,13 @@ void registry_add_generation(struct registry *r, struct model_entry *m, struct g
 /*
  * m's current generation failed a check after it began serving (a warm
  * restart's full index check): it is no longer current (its status slot
- * reads not served, statuspage.h, so holders see stale), why becomes the model's error, and the
- * model loads afresh from its configured path as the next generation.
+ * reads not served, statuspage.h, so holders see stale), why becomes the
+ * model's error, and the model loads again from its configured path as
+ * the next generation, as a reload wcached makes by itself
+ * (registry_reload_watched), judged against the tree the withdrawn
+ * generation was loaded through, not as the operator's load: in a place
+ * others may rename entries in, what its path names now may be anyone's
+ * (review rev203 L1).
  */
 void registry_withdraw(struct registry *r, struct model_entry *m, const char *why);
 
@@ -407,12 +412,24 @@ void registry_withdraw(struct registry *r, struct model_entry *m, const char *wh
  * generation up, and its path goes through a place others may rename
  * entries in: registry_others_rename_on), is not loaded: what its path
  * names waits for the operator's word, as the files of a watched reload
- * the model-tree rules refused do: why becomes its error and its
- * refusal's line (status's waits_for_reload), and a config reload that
- * leaves its section unchanged does not load it (reload.c's retry_failed,
- * review rev201 H1). Nothing when name is not there.
+ * the model-tree rules refused do: why becomes its error and line (why
+ * when NULL) its refusal's line (status's waits_for_reload, and what the
+ * file descriptor store describes: fdstore.h's waits, which the next
+ * start keeps, review rev203 H1), and a config reload that leaves its
+ * section unchanged does not load it (reload.c's retry_failed, review
+ * rev201 H1). Nothing when name is not there.
  */
-void registry_wait_for_operator(struct registry *r, const char *name, const char *why);
+void registry_wait_for_operator(struct registry *r, const char *name, const char *why,
+	const char *line);
+
+/*
+ * The model name, whose generation restored from the file descriptor
+ * store serves, was described waiting for the operator's word on what its
+ * path names now (line: the refusal's): it still waits, as after a
+ * refused watched reload (refused_tree, status's waits_for_reload).
+ * Nothing when name is not there.
+ */
+void registry_refusal_kept(struct registry *r, const char *name, const char *line);
 
 /*
  * Whether others than a directory's owner may rename entries in a
@@ -420,8 +437,10 @@ void registry_wait_for_operator(struct registry *r, const char *name, const char
  * watched reload judges it: registry_load.c's others_rename_in): one that
  * holds a directory or symbolic link the path goes through, the entry it
  * ends at, or, where it ends at a directory, that directory (the model's
- * files are its entries); where the path cannot be walked to its end, a
- * directory above it as spelled that stat(2) finds so. 1 with that
+ * files are its entries); where the path cannot be walked to its end, the
+ * directory the walk stopped in (the one holding the name it could not
+ * take, reached through any link: review rev203 H2), or a directory above
+ * it as spelled that stat(2) finds so. 1 with that
  * directory said in why (len bytes: "DIR (uid U, mode M)"; out of memory,
  * not walked: 1 too), else 0. Work queue thread: it asks the model's
  * filesystem.

@@ -91,10 +91,22 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
  * listed as loading (registry_expect) and
  * done(name, result, arg) comes on the loop. Returns 1 then, or 0 when the
  * model must load afresh now (one line logged saying why; done is not
- * called).
+ * called), or RESTORE_MODEL_WAITS when it was described waiting for the
+ * operator's `wcachectl reload NAME` (fdstore.h's waits) with no current
+ * generation: it is listed, not loaded, and waits still (one line logged,
+ * registry_wait_for_operator; done is not called). A described wait is
+ * kept by a restored generation too (registry_refusal_kept), and a check
+ * that fails waits (restore_still_waits) wherever its path goes.
  */
+#define RESTORE_MODEL_WAITS 2
 int restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, restore_done_fn done, void *arg);
+
+/* Loop thread: the model name, described waiting for the operator's
+ * reload (line), is not restored (why, or NULL) and waits still: logged
+ * and registry_wait_for_operator(). */
+void restore_still_waits(struct registry *r, const char *name, const char *why,
+	const char *line);
 
 /* The staged copies (directories in stage_dir) of the generations
  * restore_model() is checking: what registry_stage_sweep() must leave.

@@ -358,8 +358,9 @@ restore_checks(struct registry *r)
  * The full check of adopted generation g ended, err 0 or -errno with why.
  * On success a model with pin = all locks it now; on failure one error
  * line says why and g is withdrawn: no longer current (registry_withdraw),
- * removed from the store, and the model loads afresh from its configured
- * path as the next generation.
+ * removed from the store, and the model loads again from its configured
+ * path as the next generation, judged as a reload wcached makes by itself
+ * (registry_withdraw).
  */
 static void
 checked(struct registry *r, struct generation *g, int err, const char *why)
@@ -378,10 +379,11 @@ checked(struct registry *r, struct generation *g, int err, const char *why)
 	}
 	/* Withdrawn as a failed load is: no new attaches (an attach made
 	 * meanwhile keeps it open until released), out of the store, and
-	 * loaded afresh from the configured path. */
+	 * reloaded from the configured path as wcached's own reload. */
 	log_errorx("model \"%s\": generation %" PRIu64 " restored from the file descriptor store "
 		   "failed its full check (%s); %s", g->model_name, g->number, why,
-		serving ? "withdrawn, loading afresh" : "no longer served");
+		serving ? "withdrawn, loading afresh (judged as a reload wcached makes by "
+		"itself)" : "no longer served");
 	restore_forget(r, g);
 	/* Not the previous process's generation any more, as far as HOLD
 	 * goes, and nothing to wait for. */

@@ -625,7 +625,30 @@ wait_for_operator(struct restore_job *j, const char *name, const char *why)
 		"model's section unchanged does not load it)", why, j->path, j->rename_place,
 		name);
 	log_errorx("model \"%s\": %s", name, line);
-	registry_wait_for_operator(j->r, name, line);
+	registry_wait_for_operator(j->r, name, line, NULL);
+}
+
+/*
+ * Loop thread: the model name was described waiting for the operator's
+ * `wcachectl reload NAME` (line, its refusal's: fdstore.h's waits), and is
+ * not restored (why; NULL: nothing was stored to restore). It waits still,
+ * whatever place its path goes through: what its path names now was
+ * refused, or could not be judged, before the restart, and no load the
+ * restart makes is the operator's word on it (review rev203 H1).
+ */
+void
+restore_still_waits(struct registry *r, const char *name, const char *why, const char *line)
+{
+	char *msg = NULL;
+
+	if (asprintf(&msg, "not restored%s%s; it waited for the operator's `wcachectl reload "
+		    "%s` before the restart, and waits still: %s", why != NULL ? ": " : "",
+		    why != NULL ? why : "", name, line) < 0)
+		msg = NULL;
+	log_errorx("model \"%s\": %s", name, msg != NULL ? msg : line);
+	/* Its line stays the refusal's, whatever restarts come between. */
+	registry_wait_for_operator(r, name, msg != NULL ? msg : line, line);
+	free(msg);
 }
 
 /* Loop thread: serves what j's check passed, or says why not. */
@@ -652,7 +675,10 @@ restore_after(struct workq_job *w, int status)
 	else if (!registry_expect_end(r, m->name, j->expected))
 		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
 			m->name);
-	else if (j->others_rename) {
+	else if (m->waits != NULL) {
+		restore_still_waits(r, m->name, error_get(), m->waits);
+		result = RESTORE_WAITS;
+	} else if (j->others_rename) {
 		wait_for_operator(j, m->name, error_get());
 		result = RESTORE_WAITS;
 	} else {
@@ -680,6 +706,9 @@ restore_after(struct workq_job *w, int status)
 
 		s->restored[j->model] = 1;
 		adopt_artifacts(j);
+		/* What its path names still waits, as before the restart. */
+		if (m->waits != NULL)
+			registry_refusal_kept(r, m->name, m->waits);
 		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
 			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again", m->name,
 			g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
@@ -788,6 +817,25 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	return 0;
 }
 
+/* restore_model's model m, described waiting for the operator's reload
+ * with nothing to restore (why not, or NULL: none stored): listed, not
+ * loaded, and still waiting (restore_still_waits). RESTORE_MODEL_WAITS, or
+ * 0 (load afresh: it is listed already, or no memory to list it). */
+static int
+waits_still(struct registry *r, const struct fdstore_model *m, const char *path,
+	enum pin_mode pin, int warm, const char *why)
+{
+	uint64_t expected = registry_expect(r, m->name, path, pin, warm);
+
+	if (expected == 0) {
+		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
+		return 0;
+	}
+	(void)registry_expect_end(r, m->name, expected);
+	restore_still_waits(r, m->name, why, m->waits);
+	return RESTORE_MODEL_WAITS;
+}
+
 /* Queues the check of a configured model's stored generations, or says
  * why it loads afresh (restore.h). */
 int
@@ -810,6 +858,9 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	for (uint32_t k = 0; k < m->ngenerations; k++)
 		if (m->generations[k].role == FDSTORE_CURRENT)
 			g = &m->generations[k];
+	if (strcmp(m->path, path) == 0 && m->waits != NULL && (g == NULL || !s->status_taken))
+		return waits_still(r, m, path, pin, warm, s->status_taken ? NULL :
+			"the stored status page was not usable");
 	if (!s->status_taken)
 		log_info("model \"%s\": not restored: the stored status page was not usable; "
 			"loading", name);
@@ -819,9 +870,15 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	else if (g == NULL)
 		log_info("model \"%s\": not restored: no current generation was stored; loading",
 			name);
-	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0)
+	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0) {
+		if (m->waits != NULL) {
+			char why[ERROR_MAX];
+
+			snprintf(why, sizeof(why), "%s", error_get());
+			return waits_still(r, m, path, pin, warm, why);
+		}
 		log_warnx("model \"%s\": not restored: %s; loading", name, error_get());
-	else {
+	} else {
 		/* The pin is what the model keeps locked, not what it is: the
 		 * generation serves as stored and takes the configured pin (its
 		 * full check locks the metadata unless pin = none; pin = all

@@ -639,6 +639,25 @@ store_plan(const struct registry *r, size_t room, struct store_plan *p, char *le
 	return 0;
 }
 
+/* The wait dm records (fdstore.h: waits): m's files wait for the
+ * operator's `wcachectl reload NAME` (refused_tree), or the model is still
+ * the previous description's carried one, whose wait its check keeps.
+ * 0 or -ENOMEM. */
+static int
+describe_wait(struct fdstore_model *dm, const struct model_entry *m,
+	const struct fdstore_model *carried)
+{
+	const char *line = m->refused_tree ? m->refused_line : NULL;
+
+	if (m->refused_tree && (line == NULL || line[0] == '\0'))
+		line = "its files wait for the operator's `wcachectl reload`";
+	if (line == NULL && carried != NULL)
+		line = carried->waits;
+	if (line == NULL)
+		return 0;
+	return (dm->waits = strndup(line, FDSTORE_MAX_WAIT_LINE)) != NULL ? 0 : -ENOMEM;
+}
+
 /*
  * The description of what p takes that the manager has whole (a current
  * generation whose store failed is described without it: that model loads
@@ -663,6 +682,8 @@ describe_planned(const struct registry *r, const struct store_plan *p, struct fd
 			goto fail;
 		dm->slot = m->slot;
 		dm->last_generation = m->last_generation;
+		if (describe_wait(dm, m, p->models[i].carried) < 0)
+			goto fail;
 		if (p->models[i].carried != NULL) {
 			if (fdstore_carry(dm, p->models[i].carried) < 0)
 				goto fail;
@@ -818,7 +839,7 @@ hash_holders(uint64_t h, const struct generation *g)
 
 /* What the description depends on, hashed (FNV-1a), so that progress
  * events do not rewrite it: everything describe_generation() and
- * restore_describe() write of a model, its pin and path included (a pin
+ * restore_describe() write of a model, its pin, path and wait included (a pin
  * changed by a reload or wcachectl pin makes no new generation, and a
  * description that kept the old one would make the next start compare
  * against it). Never 0. */
@@ -829,15 +850,19 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[8] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+		uint64_t v[9] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
-			(uint64_t)(carried(m) != NULL), (uint64_t)m->pin };
+			(uint64_t)(carried(m) != NULL), (uint64_t)m->pin,
+			(uint64_t)m->refused_tree };
 
-		for (int i = 0; i < 8; i++)
+		for (int i = 0; i < 9; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 		if (g != NULL)
 			h = hash_holders(h, g);
 		for (const char *p = m->path; p != NULL && *p != '\0'; p++)
+			h = (h ^ (unsigned char)*p) * 1099511628211ull;
+		for (const char *p = m->refused_tree ? m->refused_line : NULL;
+			p != NULL && *p != '\0'; p++)
 			h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	}
 	/* The held generations described with them. */

@@ -53,6 +53,7 @@ check_description(const uint8_t *data, size_t size)
 	struct fdstore_desc *d = (struct fdstore_desc *)&d, *again = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0;
+	uint32_t waits = 0;
 	int r;
 
 	r = fdstore_decode(data, size, &d);
@@ -65,9 +66,17 @@ check_description(const uint8_t *data, size_t size)
 	CHECK(r == 0 && d != NULL);
 	CHECK(fdstore_check(d) == 0);
 	CHECK(fdstore_encode(d, &buf, &len) == 0);
-	CHECK(len >= FDSTORE_HEADER_SIZE && buf[8] == FDSTORE_VERSION);
-	if (data[8] == FDSTORE_VERSION) {
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		waits += d->models[i].waits != NULL;
+	/* Written as the oldest version that holds it. */
+	CHECK(len >= FDSTORE_HEADER_SIZE &&
+		buf[8] == (waits > 0 ? FDSTORE_VERSION : FDSTORE_VERSION_NO_WAITS));
+	if (data[8] == buf[8]) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
+	} else if (data[8] == FDSTORE_VERSION) {
+		/* Version 8 with no wait line: version 7 but for each model's
+		 * length 0. */
+		CHECK(waits == 0 && len + 2 * (size_t)d->nmodels == size);
 	} else {
 		size_t files = 0, generations = 0, artifacts = 0;
 

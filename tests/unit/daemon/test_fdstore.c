@@ -20,6 +20,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -252,7 +253,7 @@ as_version_5(const uint8_t *buf, size_t len, size_t at)
 	uint8_t *old = malloc(len);
 
 	assert_non_null(old);
-	assert_int_equal(buf[8], FDSTORE_VERSION);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_WAITS);
 	assert_memory_equal(buf + at, "\0\0\0\0", 4);
 	memcpy(old, buf, at);
 	memcpy(old + at, buf + at + 4, len - at - 4);
@@ -769,14 +770,14 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 8);
-	bad_bytes(copy, len, -EPROTO, "header: version: 8, this wcached reads 2 to 7");
+	put_u32(copy + 8, 9);
+	bad_bytes(copy, len, -EPROTO, "header: version: 9, this wcached reads 2 to 8");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 7");
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 8");
 	/* Version 7 bytes read as version 6, 5, 4, 3 or 2: the builders'
 	 * groups (the holders' uids, the ctimes, the origins, the artifact
 	 * counts) are not there, so the next record starts early and does not
@@ -1151,6 +1152,97 @@ test_memfd(void **state)
 	fdstore_free(d);
 }
 
+/* Version 8: a model's wait line (review rev203 H1) ends it, a u16 length
+ * (0: none) and its bytes. A description where a model waits is written
+ * as version 8 and read back the same; one where none waits is written as
+ * version 7 (an older wcached reads it), and its version 8 spelling, each
+ * model ending with a length 0, reads the same. A wait line with a NUL,
+ * past the limit or past the end is refused, naming the model. */
+static void
+test_version_8_wait_lines(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	struct fdstore_model *last = &d->models[d->nmodels - 1];
+	const char *line = "not restored: its path goes through a place others may rename in";
+	size_t len, n = strlen(line), at;
+	uint8_t *buf, *v8;
+	char where[64];
+
+	(void)state;
+	last->waits = strdup(line);
+	assert_non_null(last->waits);
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], FDSTORE_VERSION);
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode version 8: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_string_equal(back->models[d->nmodels - 1].waits, line);
+	assert_null(back->models[0].waits);
+	fdstore_free(back);
+	back = NULL;
+	snprintf(where, sizeof(where), "model %" PRIu32 " (\"%s\"): wait line: ", d->nmodels - 1,
+		last->name);
+	at = len - n;
+	buf[at + 3] = '\0';
+	bad_bytes(buf, len, -EBADMSG, where);
+	bad_bytes(buf, len, -EBADMSG, "holds a NUL byte");
+	buf[at + 3] = (uint8_t)line[3];
+	buf[at - 2] = (uint8_t)(n + 1);
+	bad_bytes(buf, len, -EBADMSG, "wait line: needs");
+	buf[at - 2] = 0xff;
+	buf[at - 1] = 0xff;
+	bad_bytes(buf, len, -EBADMSG, "wait line: length 65535");
+	free(buf);
+	/* Another model waits too, so that a fdstore_equal sees the lines. */
+	free(d->models[0].waits);
+	d->models[0].waits = strdup("refused");
+	assert_non_null(d->models[0].waits);
+	buf = encode(d, &len);
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode version 8: %s", error_get());
+	free(back->models[0].waits);
+	back->models[0].waits = strdup("refuses");
+	assert_false(fdstore_equal(d, back));
+	fdstore_free(back);
+	back = NULL;
+	free(buf);
+
+	/* None waits: version 7, and its version 8 spelling reads the same. */
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		free(d->models[i].waits);
+		d->models[i].waits = NULL;
+	}
+	/* One model, so that its wait line's length ends the bytes. */
+	for (uint32_t i = 1; i < d->nmodels; i++) {
+		strip_artifacts(&d->models[i]);
+		strip_generations(&d->models[i]);
+		free(d->models[i].name);
+		free(d->models[i].path);
+	}
+	d->nmodels = 1;
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_WAITS);
+	v8 = malloc(len + 2);
+	assert_non_null(v8);
+	memcpy(v8, buf, len);
+	v8[len] = 0;
+	v8[len + 1] = 0;
+	v8[8] = FDSTORE_VERSION;
+	if (fdstore_decode(v8, len + 2, &back) != 0)
+		fail_msg("decode version 8 with no wait line: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_null(back->models[0].waits);
+	assert_encodes_to(back, buf, len);
+	fdstore_free(back);
+	/* Version 7 bytes called version 8: the wait line's length is past
+	 * the end. */
+	buf[8] = FDSTORE_VERSION;
+	bad_bytes(buf, len, -EBADMSG, "wait line: needs 2 bytes");
+	free(v8);
+	free(buf);
+	fdstore_free(d);
+}
+
 int
 main(void)
 {
@@ -1158,6 +1250,7 @@ main(void)
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_older_versions),
 		cmocka_unit_test(test_version_6_artifacts),
+		cmocka_unit_test(test_version_8_wait_lines),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_ctimes_without_nlink),
