@@ -255,9 +255,11 @@ configured(const char *name, void *arg)
  * makes by itself (registry_reload_watched: its files must be in the tree,
  * and in a place others may rename entries in come through the very
  * directories and links, that the generation serving was loaded through),
- * not the operator's: a generation still serves (its replacement failed:
- * a file gone, a parse error, no tree refusal) and its section (was, now
- * mc) did not change. Its last watched reload may have failed because a
+ * not the operator's: the model has a current generation (serving, its
+ * replacement failed: a file gone, a parse error, no tree refusal; or
+ * gone from its server, or failed while warming: its tree is known all
+ * the same, review rev203 H3) and its section (was, now mc) did not
+ * change. Its last watched reload may have failed because a
  * neighbour renamed its tree aside, and a rename above the directories
  * watched, which no watch sees, may have put another tree at its path
  * since (root's private one): an operator's load would follow the path to
@@ -268,8 +270,7 @@ static int
 judged_retry(const struct model_entry *m, const struct model_config *was,
 	const struct model_config *mc)
 {
-	return m->current != NULL && m->current->state != GEN_FAILED && was != NULL &&
-		config_model_changes(was, mc) == 0;
+	return m->current != NULL && was != NULL && config_model_changes(was, mc) == 0;
 }
 
 /*
