@@ -8,19 +8,26 @@ wcached's own reload. wcached runs unprivileged, as in test_tree_places.py,
 whose places these tests share. Nor, in a place others may rename entries
 in (group-writable, not sticky: a team's 2775 directory), a warm restart
 whose check of the stored generation failed, nor a config reload's retry
-of a model whose watched reload failed otherwise (review rev201 H1, H4)."""
+of a model whose watched reload failed otherwise (review rev201 H1, H4);
+nor the next warm restart, nor one whose configured link leads into such
+a place, nor a config reload's retry of a remote generation gone from its
+server (review rev203 H1-H3)."""
+import contextlib
 import os
+import re
 import subprocess
 import time
 
 import pytest
 
-from conftest import Daemon, mkmodel
+from conftest import Daemon, as_user, mkmodel
 from ctlutil import ctl, model_entry
+from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 from test_rev199 import warm_restart
 from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID,
                               after_a_warm_restart, alice_v2_beside_bobs_model, as_alice, as_bob,
                               made_by, roots_private_model, served)
+from test_warm_restart import start
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -301,3 +308,157 @@ def test_a_config_reload_retries_a_failed_replacement_as_wcacheds_own_reload(tmp
         secret_never_served(d, "by a second config reload")
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+# The wait outlives the restart that made it, the place is seen through a
+# configured link whose target is gone, and a config reload retries a
+# remote generation gone from its server as wcached's own reload (review
+# rev203 H1-H3): no load wcached makes without the operator's word follows
+# the path to what a neighbour renamed there.
+
+def test_a_model_that_waits_after_a_restart_still_waits_after_the_next_restart(tmp_path):
+    """root's one-file llama.safetensors in a 2775 place, root's private
+    secret.safetensors beside it; bob renames secret at llama's name while
+    wcached restarts: the restart makes llama wait. The wait was kept in
+    memory only, so the next restart (an upgrade's, a crash's), with no
+    word of the operator's between, found no stored generation and loaded
+    the path afresh as the operator's load: root's private file was
+    "llama". Now the store records the wait and the next restart keeps it,
+    as often as it restarts, until the operator's `wcachectl reload
+    llama`."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+
+    def then(d, first):
+        assert "served only after the operator's `wcachectl reload llama`" in first, first
+        for restart in range(2):
+            assert d.stop() == 0, d.read_log()
+            start(d, d.manager, *d.manager.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
+            pattern = (r'model "llama": (generation \d+ from |not restored; it waited for the '
+                       r'operator\'s `wcachectl reload llama` before the restart)')
+            _, line = d.wait_for_log(pattern)
+            assert "not restored" in line, line
+            # The refusal's own line, not one nested in another each restart.
+            assert line.count("before the restart") == 1, line
+            assert line.endswith(first.split('model "llama": ', 1)[1]), line
+        restart_waits(d, line, "%s (uid 0, mode 2775)" % shared)
+        # The operator's reload decided it: the next restart restores what
+        # it loaded, and nothing waits.
+        d.manager.wait_for(lambda m: "wc-1-2-i" in m.store, what="generation 2 stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, d.manager, *d.manager.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
+        d.wait_for_log(r'model "llama": generation 2 restored from the file descriptor store')
+        assert "waits_for_reload" not in model_entry(d, "llama")
+    warm_restart(tmp_path, {"llama": f}, "llama", then,
+                 lambda: as_bob("mv llama.safetensors llama.old && "
+                                "mv secret.safetensors llama.safetensors", shared))
+
+
+def test_a_link_into_a_2775_place_whose_target_was_renamed_aside_while_down_waits(tmp_path):
+    """llama's configured path is root's link in root's 0755 directory to
+    root's model directory in a 2775 place (a stable name pointing at a
+    snapshot); root's private secret beside it. bob renames llama aside
+    while wcached restarts: the restart's check fails, and only the
+    directories above the path as spelled were asked whether others may
+    rename entries there, not the one the walk stopped in: the model was
+    loaded afresh as the operator's load (it failed: nothing there), and
+    once bob renamed secret at llama, the next config reload's retry, the
+    operator's kind too, served root's private model. Now the restart sees
+    the place the walk stopped in, and the model waits."""
+    links = made_by(tmp_path / "links", 0, 0o755)
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    path = os.path.join(links, "llama")
+    os.symlink(llama, path)
+
+    def then(d, line):
+        assert "goes through %s (uid 0, mode 2775)" % shared in line, line
+        as_bob("mv secret llama", shared)
+        restart_waits(d, line, "%s (uid 0, mode 2775)" % shared)
+    warm_restart(tmp_path, {"llama": path}, "llama", then,
+                 lambda: as_bob("mv llama llama.old", shared))
+
+
+@contextlib.contextmanager
+def gone_remote_generation(tmp_path, poll_interval):
+    """root's model directory llama (2775) in a 2775 place on a remote
+    filesystem served in place (stage = no), root's private secret beside
+    it; bob removes llama's file, the poll finds generation 1 gone from the
+    server. Gives the daemon and the place."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mnt.mkdir()
+    os.chmod(tmp_path, 0o755)
+    shared = made_by(backing / "shared", 0, 0o2775)
+    llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    with RemoteFS(backing, mnt, attr_timeout=0.1):
+        (tmp_path / "d").mkdir()
+        d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"),
+                                              {"poll_interval": poll_interval,
+                                               "stage": "no"})},
+                   user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+        try:
+            d.wait_for_log(r'model "llama": generation 1 warm')
+            as_bob("rm llama/model.safetensors", shared)
+            d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
+                           timeout=60)
+            yield d, shared
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+RETRIED_AS_WCACHEDS_OWN = (r'model "llama": generation 1\'s files were replaced .*the reload '
+                           r'loads it again as a reload wcached makes by itself')
+
+
+def retried_as_wcacheds_own(d):
+    """A config reload (answered once the loads it started ended) retried
+    llama, whose generation 1 is gone, as a reload wcached makes by itself:
+    root's private model not served, refused, its files wait for the
+    operator."""
+    r = ctl(d, "reload")
+    secret_never_served(d, "by a config reload after generation 1 was gone")
+    log = d.read_log()
+    assert re.search(RETRIED_AS_WCACHEDS_OWN, log), log
+    assert re.search(r'model "llama": its path .*wcachectl reload llama', log), log
+    assert r.returncode == 1 and "some models failed" in r.stderr + r.stdout, r
+    assert "waits_for_reload" in model_entry(d, "llama")
+
+
+def test_a_config_reload_retries_a_gone_remote_generation_as_wcacheds_own_reload(tmp_path):
+    """bob renames root's private secret at llama just before a config
+    reload, which comes before the next poll: it retried the model, whose
+    generation 1 was gone, as the operator's load, and served root's
+    private model. Now it is a reload wcached makes by itself, judged
+    against generation 1's tree: refused."""
+    with gone_remote_generation(tmp_path, "2") as (d, shared):
+        as_bob("mv llama llama.x && mv secret llama", shared)
+        time.sleep(0.3)     # the mount's attribute cache (attr_timeout)
+        retried_as_wcacheds_own(d)
+
+
+def test_a_gone_remote_generation_kept_changing_is_not_served_by_a_config_reload(tmp_path):
+    """The same, bob keeping llama's path "still changing" (renamed to and
+    fro: its ctime moves), so that the poll never sees it settle and no
+    poll's reload judges it, however long before the config reload."""
+    with gone_remote_generation(tmp_path, "2") as (d, shared):
+        loop = subprocess.Popen(as_user(BOB_UID, GROUP) + [
+            "/bin/sh", "-c", "mv llama llama.x && mv secret llama && "
+            "while :; do mv llama .t && mv .t llama; sleep 0.15; done"], cwd=shared)
+        try:
+            d.wait_for_log(r'model "llama": .*is still changing', timeout=60)
+            r = ctl(d, "reload")
+        finally:
+            loop.kill()
+            loop.wait()
+        secret_never_served(d, "by a config reload while bob kept renaming")
+        assert re.search(RETRIED_AS_WCACHEDS_OWN, d.read_log()), d.read_log()
+        assert r.returncode == 1, r

@@ -14,10 +14,12 @@ __all__ = ["pytestmark"]
 def warm_restart(tmp_path, models, name, then, while_down, before_stop=None, extra=""):
     """as test_tree_places.after_a_warm_restart, the daemon's group WCACHED_GID
     (so it may read root's private model, as in test_tree_links_owner); extra
-    is more configuration text."""
+    is more configuration text; d.manager is the fake service manager, for a
+    then() that restarts it again."""
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     os.chmod(mgr.path, 0o666)
     d = Daemon(tmp_path, models, extra=extra, user=(DAEMON_UID, WCACHED_GID), nofile=1024)
+    d.manager = mgr
     try:
         start(d, mgr, user=(DAEMON_UID, WCACHED_GID))
         wait_until(lambda: ready(d, name), what="ready")
