@@ -263,14 +263,21 @@ configured(const char *name, void *arg)
  * neighbour renamed its tree aside, and a rename above the directories
  * watched, which no watch sees, may have put another tree at its path
  * since (root's private one): an operator's load would follow the path to
- * it (review rev201 H4). Where nothing serves, nothing is kept to judge
- * by, and a changed section is her word: those load as she would.
+ * it (review rev201 H4). Where nothing serves, the tree (or the place it
+ * named nothing at) her last load of it found is kept to judge by
+ * (operator_tree), and a model that nothing serves is retried against it
+ * the same way: a neighbour may have renamed another tree in at its path
+ * while keeping it changing, so that no poll's reload judged it. Only
+ * where her load recorded neither, nothing is kept to judge by; that, and
+ * a changed section, her word, load as she would.
  */
 static int
 judged_retry(const struct model_entry *m, const struct model_config *was,
 	const struct model_config *mc)
 {
-	return m->current != NULL && was != NULL && config_model_changes(was, mc) == 0;
+	return was != NULL && config_model_changes(was, mc) == 0 &&
+		(m->current != NULL || m->operator_tree.root != NULL ||
+			m->operator_tree.place != NULL);
 }
 
 /*
@@ -290,9 +297,10 @@ judged_retry(const struct model_entry *m, const struct model_config *was,
  * `wcachectl reload NAME`, as its line said; a reload that only adds
  * another model approved them before (review rev195 M1). One line says
  * so. A change to its section (any key, as for a model unloaded at run
- * time) is the operator's word on it: loaded again. One whose replacement
- * failed otherwise (judged_retry) is loaded again as a reload wcached
- * makes by itself, not as the operator's.
+ * time) is the operator's word on it: loaded again. One whose section is
+ * unchanged and that has a generation, or whose operator's last load
+ * found a tree or place (judged_retry), is loaded again as a reload
+ * wcached makes by itself, not as the operator's (review rev203 H3).
  */
 static void
 retry_failed(struct batch *b, const struct config *cfg)
@@ -318,10 +326,18 @@ retry_failed(struct batch *b, const struct config *cfg)
 				said ? "" : line);
 			continue;
 		}
-		if (judged_retry(m, was, mc)) {
+		if (judged_retry(m, was, mc) && m->current != NULL) {
 			log_info("model \"%s\": %s; the reload loads it again as a reload wcached "
 				 "makes by itself, judged against the tree generation %" PRIu64
 				 " was loaded through", m->name, why, m->current->number);
+			batch_reload_watched(b, m->name);
+			continue;
+		}
+		if (judged_retry(m, was, mc)) {
+			log_info("model \"%s\": %s; the reload loads it again as a reload wcached "
+				 "makes by itself, judged against the %s the operator's last load "
+				 "of it found", m->name, why,
+				m->operator_tree.root != NULL ? "tree" : "place");
 			batch_reload_watched(b, m->name);
 			continue;
 		}

@@ -383,11 +383,11 @@ def test_a_link_into_a_2775_place_whose_target_was_renamed_aside_while_down_wait
 
 
 @contextlib.contextmanager
-def gone_remote_generation(tmp_path, poll_interval):
-    """root's model directory llama (2775) in a 2775 place on a remote
-    filesystem served in place (stage = no), root's private secret beside
-    it; bob removes llama's file, the poll finds generation 1 gone from the
-    server. Gives the daemon and the place."""
+def remote_team_place(tmp_path, with_model=True):
+    """root's model directory llama (2775; with no model in it unless
+    with_model) in a 2775 place on a remote filesystem served in place
+    (stage = no, polled every 2 s), root's private secret beside it; wcached
+    started on it. Gives the daemon and the place."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -397,22 +397,30 @@ def gone_remote_generation(tmp_path, poll_interval):
     os.chmod(tmp_path, 0o755)
     shared = made_by(backing / "shared", 0, 0o2775)
     llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
-    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    if with_model:
+        mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
     roots_private_model(os.path.join(shared, "secret"))
     with RemoteFS(backing, mnt, attr_timeout=0.1):
         (tmp_path / "d").mkdir()
         d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"),
-                                              {"poll_interval": poll_interval,
-                                               "stage": "no"})},
+                                              {"poll_interval": "2", "stage": "no"})},
                    user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
         try:
-            d.wait_for_log(r'model "llama": generation 1 warm')
-            as_bob("rm llama/model.safetensors", shared)
-            d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
-                           timeout=60)
             yield d, shared
         finally:
             assert d.stop() == 0, d.read_log()
+
+
+@contextlib.contextmanager
+def gone_remote_generation(tmp_path):
+    """remote_team_place's llama served; bob removes its file, the poll
+    finds generation 1 gone from the server."""
+    with remote_team_place(tmp_path) as (d, shared):
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_bob("rm llama/model.safetensors", shared)
+        d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
+                       timeout=60)
+        yield d, shared
 
 
 RETRIED_AS_WCACHEDS_OWN = (r'model "llama": generation 1\'s files were replaced .*the reload '
@@ -439,26 +447,52 @@ def test_a_config_reload_retries_a_gone_remote_generation_as_wcacheds_own_reload
     generation 1 was gone, as the operator's load, and served root's
     private model. Now it is a reload wcached makes by itself, judged
     against generation 1's tree: refused."""
-    with gone_remote_generation(tmp_path, "2") as (d, shared):
+    with gone_remote_generation(tmp_path) as (d, shared):
         as_bob("mv llama llama.x && mv secret llama", shared)
         time.sleep(0.3)     # the mount's attribute cache (attr_timeout)
         retried_as_wcacheds_own(d)
+
+
+def reload_while_bob_keeps_renaming(d, shared):
+    """bob renames root's private secret at llama and keeps renaming it to
+    and fro (its ctime moves), so that the poll never sees it settle; once
+    wcached says so, a config reload (its answer returned) while he does."""
+    loop = subprocess.Popen(as_user(BOB_UID, GROUP) + [
+        "/bin/sh", "-c", "mv llama llama.x && mv secret llama && "
+        "while :; do mv llama .t && mv .t llama; sleep 0.15; done"], cwd=shared)
+    try:
+        d.wait_for_log(r'model "llama": .*is still changing', timeout=60)
+        return ctl(d, "reload")
+    finally:
+        loop.kill()
+        loop.wait()
 
 
 def test_a_gone_remote_generation_kept_changing_is_not_served_by_a_config_reload(tmp_path):
     """The same, bob keeping llama's path "still changing" (renamed to and
     fro: its ctime moves), so that the poll never sees it settle and no
     poll's reload judges it, however long before the config reload."""
-    with gone_remote_generation(tmp_path, "2") as (d, shared):
-        loop = subprocess.Popen(as_user(BOB_UID, GROUP) + [
-            "/bin/sh", "-c", "mv llama llama.x && mv secret llama && "
-            "while :; do mv llama .t && mv .t llama; sleep 0.15; done"], cwd=shared)
-        try:
-            d.wait_for_log(r'model "llama": .*is still changing', timeout=60)
-            r = ctl(d, "reload")
-        finally:
-            loop.kill()
-            loop.wait()
+    with gone_remote_generation(tmp_path) as (d, shared):
+        r = reload_while_bob_keeps_renaming(d, shared)
         secret_never_served(d, "by a config reload while bob kept renaming")
         assert re.search(RETRIED_AS_WCACHEDS_OWN, d.read_log()), d.read_log()
         assert r.returncode == 1, r
+
+
+def test_a_model_nothing_serves_kept_changing_is_not_served_by_a_config_reload(tmp_path):
+    """A model whose load at start failed (its directory llama, in a 2775
+    place on a remote filesystem, holds no model yet) serves nothing; bob
+    renames root's private secret at llama and keeps the path "still
+    changing", so that no poll's reload judges it. The next config reload
+    retried the model as the operator's load and served root's private
+    model; now it is a reload wcached makes by itself, judged against the
+    tree the operator's load at start found: another directory at the same
+    path, refused."""
+    with remote_team_place(tmp_path, with_model=False) as (d, shared):
+        d.wait_for_log(r'model "llama": .*no model found')
+        r = reload_while_bob_keeps_renaming(d, shared)
+        secret_never_served(d, "by a config reload while bob kept renaming")
+        assert re.search(r'model "llama": its load failed: .*the reload loads it again as a '
+                         r'reload wcached makes by itself', d.read_log()), d.read_log()
+        assert r.returncode == 1, r
+        assert "waits_for_reload" in model_entry(d, "llama")
