@@ -34,6 +34,7 @@
 #include "base/error.h"
 #include "base/escape.h"
 #include "log.h"
+#include "mountrule.h"
 #include "listen.h"
 #include "notify.h"
 #include "registry.h"
@@ -692,6 +693,8 @@ main(int argc, char **argv)
 	 * without naming /dev/fd/N as the spelling that works: here it would
 	 * name wcached's own descriptor, not one the operator holds. */
 	tree_fd_hint = false;
+	/* No mount a neighbour's FUSE server may hold is crossed (mountrule.h). */
+	mountrule_install();
 	if (do_check)
 		return check(d.config_path);
 

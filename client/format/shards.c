@@ -740,11 +740,13 @@ list_names(char *dst, size_t cap, const struct names *n)
 	return dst;
 }
 
+int (*shards_name_rule)(int dfd, const char *name, char *why, size_t len);
+
 int
 shards_find_model(const char *dir, char **path, bool *is_index)
 {
 	struct names idx = { 0 }, st = { 0 };
-	char *found, list[600];
+	char *found, list[600], why[160], skipped[512] = "";
 	struct dirent *e;
 	DIR *d;
 	int rc;
@@ -753,6 +755,15 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 		return error_set(-errno, "%s: %s", dir, strerror(errno));
 	errno = 0;
 	while ((e = readdir(d)) != NULL) {
+		if ((file_has_suffix(e->d_name, INDEX_SUFFIX) ||
+			    file_has_suffix(e->d_name, SHARD_SUFFIX)) && shards_name_rule != NULL &&
+			shards_name_rule(dirfd(d), e->d_name, why, sizeof(why)) < 0) {
+			if (skipped[0] == '\0')
+				snprintf(skipped, sizeof(skipped), " (%s not taken: %s)", e->d_name,
+					why);
+			errno = 0;
+			continue;
+		}
 		if (file_has_suffix(e->d_name, INDEX_SUFFIX))
 			rc = names_add(&idx, e->d_name);
 		else if (file_has_suffix(e->d_name, SHARD_SUFFIX))
@@ -776,12 +787,12 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 		if (st.count == 0)
 			rc = error_set(-ENOENT,
 				"%s: no model found: no *.safetensors.index.json and no "
-				"*.safetensors file", dir);
+				"*.safetensors file%s", dir, skipped);
 		else
 			rc = error_set(-EINVAL,
 				"%s: %zu *.safetensors files (%s) and no *.safetensors.index.json "
-				"to say how they form a model: open one file by its path", dir,
-				st.count, list_names(list, sizeof(list), &st));
+				"to say how they form a model: open one file by its path%s", dir,
+				st.count, list_names(list, sizeof(list), &st), skipped);
 		goto out;
 	}
 	if ((found = path_join(dir, idx.count == 1 ? idx.first[0] : st.first[0])) == NULL)

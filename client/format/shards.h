@@ -49,8 +49,19 @@ int shards_open(const char *index_path, struct model_source *out);
  * Finds the model in the directory dir: exactly one *.safetensors.index.json
  * (*is_index set), else exactly one *.safetensors file. *path gets the
  * malloc'd path of that file, which the caller opens; on failure nothing is
- * set and the message says what dir holds (nothing, or too many).
+ * set and the message says what dir holds (nothing, or too many). Under
+ * shards_name_rule only the names it takes count.
  */
 int shards_find_model(const char *dir, char **path, bool *is_index);
+
+/*
+ * wcached's say on a model file's name that shards_find_model finds in a
+ * directory (NULL, libwcache's: every name counts): rule(dfd, name, why,
+ * len) with dfd the directory, 0 when the name counts, or -errno with why
+ * (one line) when it is no file of the model (a mount on it, another
+ * owner's: review rev202 H1). A name not taken is named in the message
+ * when no model is found.
+ */
+extern int (*shards_name_rule)(int dfd, const char *name, char *why, size_t len);
 
 #endif

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -31,6 +32,7 @@
 
 int tree_force_fallback;
 bool tree_fd_hint = true;
+const struct tree_mounts *tree_mounts;
 
 /* Flags of every model file: see file_open() in file.c. */
 #define TREE_OPEN_FLAGS (O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
@@ -268,6 +270,63 @@ tree_openat2(int at, const char *rel, unsigned long long flags, unsigned long lo
 	return (int)fd;
 }
 
+/*
+ * tree_open_file's open of rel under tree_mounts, after its openat2 with
+ * RESOLVE_NO_XDEV said EXDEV (a mount crossed, or a link out of the tree):
+ * the file is reached again O_PATH (which opens nothing on its filesystem)
+ * from the dentry cache only (RESOLVE_CACHED: a lookup that would ask a
+ * filesystem fails EAGAIN instead, and so does a walk the cache cannot
+ * finish, a link out of the tree's among them), or, where that cannot be,
+ * by a plain walk once no remote mount lies beneath the tree
+ * (remote_beneath: the walk then asks no remote server); its
+ * device, asked with AT_STATX_DONT_SYNC (no server asked), must be one
+ * dev_ok takes; only then is that very file opened (through its
+ * /proc/self/fd link: no second walk a mount could be slipped into). 0
+ * with *fd the descriptor, or -1 and errno (EXDEV: a link leaves the tree,
+ * for the caller to explain); or -EXDEV or -errno with the message.
+ */
+static int
+open_across(const struct model_tree *t, const char *rel, const char *path, long *fd)
+{
+	unsigned long long beneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+	char why[128] = "", proc[48];
+	struct statx sx;
+	int p, e;
+
+	p = tree_openat2(t->fd, rel, O_PATH | O_CLOEXEC, beneath | RESOLVE_CACHED);
+	if (p == -1 && (errno == EAGAIN || errno == EINVAL)) {
+		if (tree_mounts->remote_beneath(t->root, why, sizeof(why)) != 0)
+			return error_set(-EXDEV, "%s: crosses a mount inside the "
+				"model's tree %s, or leaves it, and %s: wcached does not walk "
+				"it (a FUSE or network server that never answers would hold "
+				"wcached)", path, t->root, why);
+		p = tree_openat2(t->fd, rel, O_PATH | O_CLOEXEC, beneath);
+	}
+	if ((*fd = p) == -1)
+		return 0;
+	if (statx(p, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1) {
+		e = errno;
+		close(p);
+		return error_set(-e, "%s: statx: %s", path, strerror(e));
+	}
+	if (tree_mounts->dev_ok(makedev(sx.stx_dev_major, sx.stx_dev_minor), why,
+		    sizeof(why)) < 0) {
+		close(p);
+		return error_set(-EXDEV, "%s: lies on %s, across a mount inside the model's "
+			"tree %s: wcached does not open it (a FUSE or network server that never "
+			"answers an open would hold wcached; put the model's directory itself "
+			"there)", path, why, t->root);
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", p);
+	*fd = file_openat(AT_FDCWD, proc, TREE_OPEN_FLAGS);
+	if (*fd == -1 && errno == ENOENT) /* no procfs: walked again */
+		*fd = tree_openat2(t->fd, rel, TREE_OPEN_FLAGS, beneath);
+	e = errno;
+	close(p);
+	errno = e;
+	return 0;
+}
+
 int
 tree_open_file(const struct model_tree *t, const char *name, const char *path,
 	struct wc_file *out)
@@ -282,7 +341,13 @@ tree_open_file(const struct model_tree *t, const char *name, const char *path,
 		fd = file_openat(t->fd, rel, TREE_OPEN_FLAGS);
 	else
 		fd = tree_openat2(t->fd, rel, TREE_OPEN_FLAGS,
-			RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
+			RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS |
+			(tree_mounts != NULL ? RESOLVE_NO_XDEV : 0));
+	if (fd == -1 && errno == EXDEV && tree_mounts != NULL && !t->proc &&
+		(r = open_across(t, rel, path, &fd)) < 0) {
+		free(rel);
+		return r;
+	}
 	if (fd == -1) {
 		if (errno == ENOSYS && !t->proc)
 			fd = open_fallback(t, rel, path);

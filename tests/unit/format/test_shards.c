@@ -688,6 +688,45 @@ test_dir_ambiguous(void **state)
 /* A directory of many candidates (its owner chooses how many): the
  * message lists the first 8 in order and says how many there are, and
  * only those 8 names are ever kept. */
+/* A name rule that refuses names beginning "zz": as wcached's refuses a
+ * name with a remote mount on it (mountrule.c). */
+static int
+refuse_zz(int dfd, const char *name, char *why, size_t len)
+{
+	assert_true(dfd >= 0);
+	if (strncmp(name, "zz", 2) != 0)
+		return 0;
+	snprintf(why, len, "fuse is mounted on it");
+	return -EXDEV;
+}
+
+/* Under shards_name_rule a name it refuses is no model file: the
+ * directory's one other file is the model, and where none is left the
+ * message names the name refused and why (review rev202 H1). */
+static void
+test_dir_name_rule(void **state)
+{
+	struct tu_dir *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_shard(f->dir, "model.safetensors", "a,b", NULL);
+	write_text(f->dir, "zz.safetensors.index.json", "{}");
+	assert_int_equal(source_open(f->dir, &src), -EINVAL); /* bob's index taken */
+	shards_name_rule = refuse_zz;
+	assert_int_equal(source_open(f->dir, &src), 0);
+	assert_int_equal(src.format, FORMAT_SAFETENSORS);
+	assert_int_equal(src.nfiles, 1);
+	source_close(&src);
+	p = path_of(f->dir, "model.safetensors");
+	assert_int_equal(unlink(p), 0);
+	free(p);
+	assert_int_equal(source_open(f->dir, &src), -ENOENT);
+	assert_msg("no *.safetensors file (zz.safetensors.index.json not taken: fuse is "
+		   "mounted on it)");
+	shards_name_rule = NULL;
+}
+
 static void
 test_dir_many_files(void **state)
 {
@@ -730,6 +769,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_bad_index, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_index_st, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_index, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_name_rule, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_sharded, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_single, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_many_files, tu_dir_setup, teardown),

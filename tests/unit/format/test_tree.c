@@ -161,11 +161,49 @@ setup_fallback(void **state)
 	return setup(state, 1);
 }
 
+/* wcached's rule for mounts (tree.h's tree_mounts), refusing every
+ * device, and finding no remote mount beneath any tree (as wcached's
+ * finds none beneath these): no test's tree crosses a mount, so no device
+ * is ever asked about, and every open and every refusal is as without
+ * the rule (a link that leaves the tree still named as such). */
+static int dev_questions;
+
+static int
+refuse_dev(dev_t dev, char *why, size_t len)
+{
+	(void)dev;
+	dev_questions++;
+	snprintf(why, len, "a test's device");
+	return -EXDEV;
+}
+
+static int
+no_remote_beneath(const char *root, char *why, size_t len)
+{
+	(void)root;
+	(void)why;
+	(void)len;
+	return 0;
+}
+
+static const struct tree_mounts refuse_all = { refuse_dev, no_remote_beneath };
+
+static int
+setup_mounts(void **state)
+{
+	tree_mounts = &refuse_all;
+	dev_questions = 0;
+	return setup(state, 0);
+}
+
 static int
 teardown(void **state)
 {
 	struct fixture *f = *state;
 
+	if (tree_mounts != NULL)
+		assert_int_equal(dev_questions, 0);
+	tree_mounts = NULL;
 	tree_force_fallback = 0;
 	interrupting = 0;
 	free(f->real);
@@ -406,7 +444,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 #define BOTH(t)                                                          \
 	cmocka_unit_test_setup_teardown(t, setup_openat2, teardown),     \
-		cmocka_unit_test_setup_teardown(t, setup_fallback, teardown)
+		cmocka_unit_test_setup_teardown(t, setup_fallback, teardown), \
+		cmocka_unit_test_setup_teardown(t, setup_mounts, teardown)
 		BOTH(test_inside),
 		BOTH(test_other_model),
 		BOTH(test_absolute),
