@@ -165,10 +165,36 @@ is_link_to_link(const char *link, const char *target)
 }
 
 /*
+ * readlinkat(t->fd, sub) where no mount is crossed to reach sub (under
+ * tree_mounts: a neighbour's FUSE mount inside the tree may never answer
+ * a lookup); else plain readlinkat. -1 where sub is no link (or is past a
+ * mount).
+ */
+static ssize_t
+read_link_in(const struct model_tree *t, const char *sub, char *buf, size_t len)
+{
+	ssize_t k;
+	int fd;
+
+	if (tree_mounts == NULL)
+		return readlinkat(t->fd, sub, buf, len);
+	fd = tree_openat2(t->fd, sub, O_PATH | O_NOFOLLOW | O_CLOEXEC,
+		RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS);
+	if (fd < 0)
+		return -1;
+	k = readlinkat(fd, "", buf, len);
+	close(fd);
+	return k;
+}
+
+/*
  * Explains why rel (a path inside t) leads out of the tree: finds the first
  * component of rel that is a symlink and names it and its target; the path it
  * finally resolves to is added when a chain of links makes that differ.
- * path is the caller's name of the file. Returns -EXDEV.
+ * path is the caller's name of the file. Returns -EXDEV. Under tree_mounts
+ * nothing outside the tree is looked up (the target may be a neighbour's
+ * FUSE mount whose server never answers a lookup): where the chain ends is
+ * not said, and an absolute link into the tree is told by its text.
  */
 static int
 explain_escape(const struct model_tree *t, const char *rel, const char *path)
@@ -185,14 +211,17 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 			continue;
 		memcpy(sub, rel, i);
 		sub[i] = '\0';
-		if ((k = readlinkat(t->fd, sub, target, sizeof(target) - 1)) >= 0)
+		if ((k = read_link_in(t, sub, target, sizeof(target) - 1)) >= 0)
 			break;
 	}
 	if (k < 0)
 		return error_set(-EXDEV, "%s: leaves the model's tree %s", path, t->root);
 	target[k] = '\0';
 	snprintf(full, sizeof(full), "%s/%s", t->root, rel);
-	real = realpath(full, NULL);
+	if (tree_mounts == NULL)
+		real = realpath(full, NULL);
+	else
+		real = target[0] == '/' ? strdup(target) : NULL;
 	if (strcmp(sub, rel) != 0)
 		snprintf(full, sizeof(full), "%s/%s", t->root, sub);
 	else
@@ -216,7 +245,7 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 		real[n] == '/')
 		error_set(-EXDEV, "%s: symlink to %s: absolute links are not allowed inside the "
 			"model's tree %s (make it relative)", full, target, t->root);
-	else if (real != NULL && is_link_to_link(full, target))
+	else if (real != NULL && tree_mounts == NULL && is_link_to_link(full, target))
 		error_set(-EXDEV, "%s: symlink to %s (resolving to %s) leaves the model's tree %s",
 			full, target, real, t->root);
 	else

@@ -75,14 +75,10 @@ def test_a_neighbours_fuse_index_beside_a_one_file_directory_model_hangs_nothing
         assert d.stop() == 0, d.read_log()
 
 
-def test_a_neighbours_link_over_a_shard_in_a_team_directory_hangs_nothing(tmp_path):
-    """m/, root's directory model of two shards and their index, in a team
-    directory (2775, group 64100, bob a member). Bob renames a relative link
-    `<shard> -> bob-evil` over a shard the index names; bob-evil is his file,
-    a FUSE mount whose server never answers an open. The watched reload
-    does not open the shard across the mount: it fails, naming the mount,
-    and m serves its first generation still; the operator's reload fails
-    alike, at once; wcached stops."""
+def team_model(tmp_path):
+    """Skips without FUSE; else m/, root's directory model of two shards and
+    their index in a team directory (2775, group 64100, bob a member): m/
+    and the shards' [(name, bytes)]."""
     why = skip_reason()
     if why is not None:
         pytest.skip(why)
@@ -95,6 +91,18 @@ def test_a_neighbours_link_over_a_shard_in_a_team_directory_hangs_nothing(tmp_pa
     write_file(mdir / "model.safetensors.index.json", index)
     os.chown(mdir, 0, BOB[1])
     os.chmod(mdir, 0o2775)
+    return mdir, shards
+
+
+def test_a_neighbours_link_over_a_shard_in_a_team_directory_hangs_nothing(tmp_path):
+    """m/, root's directory model of two shards and their index, in a team
+    directory (2775, group 64100, bob a member). Bob renames a relative link
+    `<shard> -> bob-evil` over a shard the index names; bob-evil is his file,
+    a FUSE mount whose server never answers an open. The watched reload
+    does not open the shard across the mount: it fails, naming the mount,
+    and m serves its first generation still; the operator's reload fails
+    alike, at once; wcached stops."""
+    mdir, shards = team_model(tmp_path)
     d = Daemon(tmp_path, {"m": str(mdir)}).start()
     evil = mdir / "bob-evil"
     neighbours_file(evil, b"x")
@@ -115,6 +123,35 @@ def test_a_neighbours_link_over_a_shard_in_a_team_directory_hangs_nothing(tmp_pa
             assert not blocked_in_fuse(d.proc.pid)
             m = entry(d, "m")
             assert m["generation"] == 1, m
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_neighbours_absolute_link_over_a_shard_to_his_fuse_file_hangs_nothing(tmp_path):
+    """As above, but bob's link over the shard is absolute, to his file
+    outside the model's tree, a FUSE mount whose server answers neither an
+    open nor a stat: the link is refused as leaving the tree (as before),
+    and the refusal's message looks nothing up past it (before, realpath(3)
+    of the link, for the message, asked bob's server and waited for good)."""
+    mdir, shards = team_model(tmp_path)
+    bobs = tmp_path / "bob"
+    bobs.mkdir()
+    evil = bobs / "evil"
+    neighbours_file(evil, b"x")
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    try:
+        ready(d, "m", 1)
+        with FuseHang(evil, *BOB, getattr_too=True):
+            link = mdir / ".bob-link"
+            os.symlink(str(evil), link)
+            os.lchown(link, *BOB)
+            os.rename(link, mdir / shards[0][0])
+            err = wait_until(lambda: error_of(d, "m"), timeout=60, what="m's error")
+            assert "leaves the model's tree" in err and shards[0][0] in err, err
+            stuck = blocked_in_fuse(d.proc.pid)
+            assert not stuck, ("wcached threads wait on bob's FUSE server", stuck,
+                               d.read_log()[-2000:])
+            assert entry(d, "m")["generation"] == 1
     finally:
         assert d.stop() == 0, d.read_log()
 

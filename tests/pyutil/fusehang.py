@@ -56,11 +56,14 @@ def blocked_in_fuse(pid):
 
 class FuseHang:
     """The mount on target (a regular file), its owner uid:gid, mounted
-    allow_other; served by a thread of this process until close()."""
+    allow_other; served by a thread of this process until close().
+    getattr_too: GETATTR is not answered either (a stat(2) that asks the
+    server, a realpath(3) through the file, blocks too)."""
 
-    def __init__(self, target, uid, gid):
+    def __init__(self, target, uid, gid, getattr_too=False):
         self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         self.uid, self.gid = uid, gid
+        self.getattr_too = getattr_too  # a stat(2) of the file blocks too
         self.target = str(target)
         opts = f"fd={self.fd},rootmode=100644,user_id={uid},group_id={gid},allow_other"
         if _libc.mount(b"fusehang", self.target.encode(), b"fuse", 0, opts.encode()) != 0:
@@ -84,12 +87,12 @@ class FuseHang:
             if op == _INIT:
                 self._reply(unique, struct.pack("<IIIIHHIIHHI7I", 7, 31, 0, 0, 0, 0, 4096,
                                                 0, 0, 0, 0, *([0] * 7)))
-            elif op == _GETATTR:
+            elif op == _GETATTR and not self.getattr_too:
                 attr = struct.pack("<QQQQQQIIIIIIIIII", 1, 128, 1, 0, 0, 0, 0, 0, 0,
                                    0o100644, 1, self.uid, self.gid, 0, 4096, 0)
                 self._reply(unique, struct.pack("<QII", 0, 0, 0) + attr)
-            elif op == _OPEN:
-                self.opens += 1  # never answered
+            elif op == _OPEN or op == _GETATTR:
+                self.opens += op == _OPEN  # never answered
             else:
                 self._reply(unique, error=-_ENOSYS)
 

@@ -320,7 +320,11 @@ test_chain(void **state)
 	link_at(f, "models/a/x.safetensors", "sub/hop");
 	assert_refused(f, "models/a/x.safetensors", "sub/hop", "models/a");
 	snprintf(want, sizeof(want), "resolving to %s/secret", f->real);
-	assert_non_null(strstr(error_get(), want));
+	/* wcached's rule looks nothing up outside the tree: no end told */
+	if (tree_mounts == NULL)
+		assert_non_null(strstr(error_get(), want));
+	else
+		assert_null(strstr(error_get(), "resolving to"));
 }
 
 /* The Hugging Face hub layout: snapshot files are relative links into
