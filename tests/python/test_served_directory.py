@@ -9,6 +9,7 @@ Review rev163 F1-F3: before, every shard was mapped in-process, silently."""
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -556,3 +557,49 @@ def test_loader_threads_attach_the_directory_once(tmp_path, monkeypatch):
         import wcache._safe_open as so
         so._shared = None
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_shard_bind_mounted_into_the_directory_opens_here_and_through_wcached(
+        tmp_path, monkeypatch):
+    """The layouts a container gives (docker -v host/shard:/models/m/shard,
+    a Kubernetes subPath mount of one file): a directory model's second
+    shard is a bind mount of a file on another local filesystem (a tmpfs).
+    wcached refuses only a remote filesystem's mount inside a model's tree
+    (review rev202 H1); this process's own open (libwcache, no daemon)
+    crosses any mount, and wcached crosses this one: both give the shard's
+    tensors. Needs root (mount(8))."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs and bind-mount a file")
+    files = write_model(str(tmp_path / "llama"))
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(other)], check=True)
+    try:
+        shutil.move(files[1], other / SHARDS[1])
+        with open(files[1], "wb"):
+            pass
+        subprocess.run(["mount", "--bind", str(other / SHARDS[1]), files[1]], check=True)
+        try:
+            assert os.stat(files[1]).st_dev != os.stat(files[0]).st_dev
+            use(monkeypatch, None)
+            monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody.sock"))
+            with wcache.open_file(str(tmp_path / "llama")) as m:
+                assert len(m) == 6
+            with wcache.safe_open(files[1]) as f:
+                assert f.model.source == "file"
+                same_as_the_file(f, files[1])
+            os.makedirs(tmp_path / "d")
+            d = Daemon(tmp_path / "d", {"llama": str(tmp_path / "llama")}).start()
+            use(monkeypatch, d)
+            try:
+                with wcache.safe_open(files[1]) as f:
+                    assert f.model.source == "wcached", d.read_log()[-2000:]
+                    same_as_the_file(f, files[1])
+            finally:
+                import wcache._safe_open as so
+                so._shared = None
+                assert d.stop() == 0, d.read_log()
+        finally:
+            subprocess.run(["umount", "-l", files[1]], capture_output=True)
+    finally:
+        subprocess.run(["umount", "-l", str(other)], capture_output=True)
