@@ -519,6 +519,10 @@ registry_wait_for_operator(struct registry *r, const char *name, const char *why
 	free(m->error);
 	m->error = strdup(why);
 	registry_refusal_kept(r, name, line != NULL ? line : why);
+	/* An operator's reload asked for while wcached judged it (answered: a
+	 * load is already in progress) is her word on what its path names. */
+	if (m->reload_again == RELOAD_OPERATOR)
+		registry_reload_held(r, m, NULL);
 }
 
 void

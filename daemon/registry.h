@@ -409,15 +409,17 @@ void registry_withdraw(struct registry *r, struct model_entry *m, const char *wh
 
 /*
  * The model name, which nothing serves (a warm restart gave its stored
- * generation up, and its path goes through a place others may rename
- * entries in: registry_others_rename_on), is not loaded: what its path
+ * generation up, or had none stored, and its path goes through a place
+ * others may rename entries in: registry_others_rename_on), is not
+ * loaded: what its path
  * names waits for the operator's word, as the files of a watched reload
  * the model-tree rules refused do: why becomes its error and line (why
  * when NULL) its refusal's line (status's waits_for_reload, and what the
  * file descriptor store describes: fdstore.h's waits, which the next
  * start keeps, review rev203 H1), and a config reload that leaves its
  * section unchanged does not load it (reload.c's retry_failed, review
- * rev201 H1). Nothing when name is not there.
+ * rev201 H1). An operator's reload asked for meanwhile (reload_again)
+ * runs now. Nothing when name is not there.
  */
 void registry_wait_for_operator(struct registry *r, const char *name, const char *why,
 	const char *line);

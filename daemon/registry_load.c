@@ -1060,12 +1060,21 @@ plain_names(const char *rest)
  * with the names below it (plain_names); the first of them,
  * when it is a symbolic link that points nowhere yet (a mount not up, a
  * volume not attached, a link made before its target), is followed by its
- * text, at most 40 times (review rev180 F9). NULL when it cannot be told.
+ * text, at most 40 times (review rev180 F9). Where the links cannot be
+ * followed to a place (a loop, more than 40, or a text holding ".."
+ * past a missing name: anyone who may rename entries in a directory on
+ * the path may leave such a link at its name), the place the path names
+ * as configured, its own entry (review rev204 H1: else that load records
+ * nothing to judge by, and a config reload's retry of it is the
+ * operator's load). NULL when it cannot be told.
  */
 static char *
 place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 {
 	char *p = path[0] == '/' ? strdup(path) : path_join(".", path), *place = NULL;
+	char *spelled = NULL;
+	struct stat spelled_st = { 0 };
+	size_t spelled_len = 0;
 
 	for (int links = 0; p != NULL && place == NULL && links <= 40; links++) {
 		char *head = strdup(p), *slash, *real = NULL, *rest = NULL, *at = NULL;
@@ -1082,6 +1091,10 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 		if (rest != NULL &&
 			asprintf(&at, "%s/%.*s", real, (int)strcspn(rest, "/"), rest) < 0)
 			at = NULL;
+		if (links == 0 && at != NULL && (spelled = path_join(real, rest)) != NULL) {
+			spelled_st = st;
+			spelled_len = strlen(real);
+		}
 		if (at != NULL && (n = readlink(at, text, sizeof(text) - 1)) > 0) {
 			text[n] = '\0';
 			if (asprintf(&next, "%s/%s%s", text[0] == '/' ? "" : real, text,
@@ -1100,6 +1113,14 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 		p = next;
 	}
 	free(p);
+	if (place == NULL && spelled != NULL) {
+		place = spelled;
+		spelled = NULL;
+		*owner = spelled_st.st_uid;
+		*mode = spelled_st.st_mode;
+		*dir_len = spelled_len;
+	}
+	free(spelled);
 	return place;
 }
 
@@ -1310,8 +1331,10 @@ at_place(const struct load_request *q, int first_comer)
  * directory (tree_split), and the owner of the deepest directory above it
  * that resolves: a sibling of that tree the same user owns is the
  * deployer's, as after a generation (sibling_swap), and a model that is
- * one file is taken at that place (at_place). None when nothing above it
- * resolves: a reload wcached makes by itself then waits for the
+ * one file is taken at that place (at_place). A path that resolved but
+ * whose tree cannot be told a moment later (renamed to and fro) is taken
+ * as one that did not resolve (review rev204 H1). None when nothing above
+ * it resolves: a reload wcached makes by itself then waits for the
  * operator's.
  */
 static void
@@ -1321,7 +1344,9 @@ find_operator_tree(struct load_request *q, const char *resolved)
 
 	if (resolved != NULL)
 		q->found_root = gen_tree_root(resolved, &q->found_uid);
-	else if ((q->found_place = place_of(q->path, &q->found_uid, &q->found_place_mode,
+	if (q->found_root != NULL)
+		return;
+	if ((q->found_place = place_of(q->path, &q->found_uid, &q->found_place_mode,
 			  &q->found_place_dir_len)) != NULL &&
 		tree_split(q->found_place, &q->found_root, &sub) == 0)
 		free(sub);

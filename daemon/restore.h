@@ -96,7 +96,11 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
  * generation: it is listed, not loaded, and waits still (one line logged,
  * registry_wait_for_operator; done is not called). A described wait is
  * kept by a restored generation too (registry_refusal_kept), and a check
- * that fails waits (restore_still_waits) wherever its path goes.
+ * that fails waits (restore_still_waits) wherever its path goes. A model
+ * described with no current generation and no wait is judged on the work
+ * queue too (returns 1, done comes): RESTORE_WAITS where its path goes
+ * through a place others may rename entries in, else RESTORE_LOAD (review
+ * rev204 H3).
  */
 #define RESTORE_MODEL_WAITS 2
 int restore_model(struct restore *s, struct registry *r, const char *name, const char *path,

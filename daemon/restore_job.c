@@ -613,7 +613,8 @@ reload_moved(struct registry *r, const char *name, uint64_t number, const char *
  * (registry_wait_for_operator, review rev201 H1).
  */
 static void
-wait_for_operator(struct restore_job *j, const char *name, const char *why)
+wait_for_operator(struct registry *r, const char *name, const char *path, const char *place,
+	const char *why)
 {
 	char line[ERROR_MAX + PATH_MAX * 2 + 640];
 
@@ -622,10 +623,9 @@ wait_for_operator(struct restore_job *j, const char *name, const char *why)
 		"group or all, not sticky), and the store records no directory or link its "
 		"generation was loaded through: what its path names now is served only after "
 		"the operator's `wcachectl reload %s` (a config reload that leaves the "
-		"model's section unchanged does not load it)", why, j->path, j->rename_place,
-		name);
+		"model's section unchanged does not load it)", why, path, place, name);
 	log_errorx("model \"%s\": %s", name, line);
-	registry_wait_for_operator(j->r, name, line, NULL);
+	registry_wait_for_operator(r, name, line, NULL);
 }
 
 /*
@@ -679,7 +679,7 @@ restore_after(struct workq_job *w, int status)
 		restore_still_waits(r, m->name, error_get(), m->waits);
 		result = RESTORE_WAITS;
 	} else if (j->others_rename) {
-		wait_for_operator(j, m->name, error_get());
+		wait_for_operator(r, m->name, j->path, j->rename_place, error_get());
 		result = RESTORE_WAITS;
 	} else {
 		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
@@ -817,6 +817,111 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	return 0;
 }
 
+/*
+ * A model described with no current generation and no wait (its load
+ * failed, its generation was gone from its server or failed while
+ * warming, or the store had no room for it), listed while its path is
+ * judged off the loop (registry_others_rename_on asks its filesystem,
+ * whose server may hang): the previous process knew it, so loading it
+ * afresh is no operator's word on what its path names now (review rev204
+ * H3).
+ */
+struct restore_place_job {
+	struct workq_job job;
+	struct registry *r;
+	char *name;
+	char *path;
+	uint64_t expected;          /* registry_expect()'s token */
+	restore_done_fn done;
+	void *arg;
+	int others_rename;          /* filled off the loop */
+	char rename_place[PATH_MAX + 64];
+};
+
+static void
+place_job_free(struct restore_place_job *j)
+{
+	free(j->name);
+	free(j->path);
+	free(j);
+}
+
+/* Work queue: does j's path go through a place others may rename entries in? */
+static void
+place_work(struct workq_job *w)
+{
+	struct restore_place_job *j = w->arg;
+
+	j->others_rename = registry_others_rename_on(j->path, j->rename_place,
+		sizeof(j->rename_place));
+}
+
+/* Loop thread: in a place others may rename entries in, what j's path
+ * names now waits for the operator's `wcachectl reload NAME`; elsewhere
+ * it loads afresh as configured (RESTORE_LOAD: her own fix of a model
+ * whose load failed in a private place is taken as before). */
+static void
+place_after(struct workq_job *w, int status)
+{
+	struct restore_place_job *j = w->arg;
+	enum restore_result result = RESTORE_GONE;
+
+	if (status == UV_ECANCELED || j->r->closing) {
+		result = RESTORE_GONE;
+	} else if (!registry_expect_end(j->r, j->name, j->expected)) {
+		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
+			j->name);
+	} else if (j->others_rename) {
+		wait_for_operator(j->r, j->name, j->path, j->rename_place,
+			"no current generation was stored");
+		result = RESTORE_WAITS;
+	} else {
+		log_info("model \"%s\": not restored: no current generation was stored; loading",
+			j->name);
+		result = RESTORE_LOAD;
+	}
+	j->done(j->name, result, j->arg);
+	place_job_free(j);
+}
+
+/* Queues place_work for the configured model m (path as configured),
+ * listed meanwhile. 0, or -errno with the message (nothing queued, not
+ * listed). */
+static int
+queue_place(struct registry *r, const struct fdstore_model *m, const char *path,
+	enum pin_mode pin, int warm, restore_done_fn done, void *arg)
+{
+	struct restore_place_job *j = calloc(1, sizeof(*j));
+	char what[sizeof(j->job.what)];
+	int err;
+
+	if (j == NULL || (j->name = strdup(m->name)) == NULL ||
+		(j->path = strdup(path)) == NULL) {
+		if (j != NULL)
+			place_job_free(j);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	j->r = r;
+	j->done = done;
+	j->arg = arg;
+	j->job.arg = j;
+	if ((j->expected = registry_expect(r, m->name, path, pin, warm)) == 0) {
+		err = registry_find(r, m->name) != NULL ? -EEXIST : -ENOMEM;
+		place_job_free(j);
+		return error_set(err, "%s", err == -EEXIST ? "it is listed already" :
+			"out of memory");
+	}
+	snprintf(what, sizeof(what), "model \"%s\": a warm restart's look at the "
+		"directories its path goes through", m->name);
+	if ((err = workq_submit(&r->workq, &j->job, WORKQ_UNKNOWN, what, place_work,
+			place_after)) < 0) {
+		(void)registry_expect_end(r, m->name, j->expected);
+		place_job_free(j);
+		return error_set(err, "%s", uv_strerror(err));
+	}
+	return 0;
+}
+
 /* restore_model's model m, described waiting for the operator's reload
  * with nothing to restore (why not, or NULL: none stored): listed, not
  * loaded, and still waiting (restore_still_waits). RESTORE_MODEL_WAITS, or
@@ -867,9 +972,11 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	else if (strcmp(m->path, path) != 0)
 		log_info("model \"%s\": not restored: its path changed (was %s); loading", name,
 			m->path);
+	else if (g == NULL && queue_place(r, m, path, pin, warm, done, arg) == 0)
+		return 1;
 	else if (g == NULL)
-		log_info("model \"%s\": not restored: no current generation was stored; loading",
-			name);
+		log_warnx("model \"%s\": not restored: no current generation was stored, and its "
+			  "path could not be judged (%s); loading", name, error_get());
 	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0) {
 		if (m->waits != NULL) {
 			char why[ERROR_MAX];

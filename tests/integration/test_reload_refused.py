@@ -270,6 +270,18 @@ def test_a_staged_model_renamed_over_while_down_in_a_2775_place_waits(tmp_path):
                  extra="stage_dir = %s\n" % staged)
 
 
+def team_layout(tmp_path):
+    """shared (2775) / team (2775, root's) / llama (root's model directory),
+    and root's private model at shared/other/llama: (shared, team, llama)."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    team = made_by(os.path.join(shared, "team"), 0, 0o2775)
+    llama = made_by(os.path.join(team, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    other = made_by(os.path.join(shared, "other"), 0)
+    roots_private_model(os.path.join(other, "llama"))
+    return shared, team, llama
+
+
 def test_a_config_reload_retries_a_failed_replacement_as_wcacheds_own_reload(tmp_path):
     """shared (2775) / team (2775, root's) / llama (root's model); other/llama
     root's private model. bob: (1) in team `mv llama llama.x`: the watched
@@ -280,12 +292,7 @@ def test_a_config_reload_retries_a_failed_replacement_as_wcacheds_own_reload(tmp
     private model was "llama" generation 2. Now it retries it as a reload
     wcached makes by itself, judged against generation 1's tree: refused,
     generation 1 serves, and the files wait for `wcachectl reload llama`."""
-    shared = made_by(tmp_path / "shared", 0, 0o2775)
-    team = made_by(os.path.join(shared, "team"), 0, 0o2775)
-    llama = made_by(os.path.join(team, "llama"), 0)
-    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    other = made_by(os.path.join(shared, "other"), 0)
-    roots_private_model(os.path.join(other, "llama"))
+    shared, team, llama = team_layout(tmp_path)
     d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
     try:
         d.wait_for_log(r'model "llama": generation 1 warm')
@@ -382,12 +389,10 @@ def test_a_link_into_a_2775_place_whose_target_was_renamed_aside_while_down_wait
                  lambda: as_bob("mv llama llama.old", shared))
 
 
-@contextlib.contextmanager
-def remote_team_place(tmp_path, with_model=True):
-    """root's model directory llama (2775; with no model in it unless
-    with_model) in a 2775 place on a remote filesystem served in place
-    (stage = no, polled every 2 s), root's private secret beside it; wcached
-    started on it. Gives the daemon and the place."""
+def remote_place(tmp_path):
+    """A 2775 place, root's, on a remote filesystem: its backing and mount
+    directories and the place in the backing one (tmp_path/d for the
+    daemon's files made); skips without FUSE."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -395,13 +400,22 @@ def remote_team_place(tmp_path, with_model=True):
     backing.mkdir()
     mnt.mkdir()
     os.chmod(tmp_path, 0o755)
-    shared = made_by(backing / "shared", 0, 0o2775)
+    (tmp_path / "d").mkdir()
+    return backing, mnt, made_by(backing / "shared", 0, 0o2775)
+
+
+@contextlib.contextmanager
+def remote_team_place(tmp_path, with_model=True):
+    """root's model directory llama (2775; with no model in it unless
+    with_model) in a 2775 place on a remote filesystem served in place
+    (stage = no, polled every 2 s), root's private secret beside it; wcached
+    started on it. Gives the daemon and the place."""
+    backing, mnt, shared = remote_place(tmp_path)
     llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
     if with_model:
         mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
     roots_private_model(os.path.join(shared, "secret"))
     with RemoteFS(backing, mnt, attr_timeout=0.1):
-        (tmp_path / "d").mkdir()
         d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"),
                                               {"poll_interval": "2", "stage": "no"})},
                    user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
@@ -494,5 +508,6 @@ def test_a_model_nothing_serves_kept_changing_is_not_served_by_a_config_reload(t
         secret_never_served(d, "by a config reload while bob kept renaming")
         assert re.search(r'model "llama": its load failed: .*the reload loads it again as a '
                          r'reload wcached makes by itself', d.read_log()), d.read_log()
+        # Failed; whether refused (waits_for_reload) or not found (bob's
+        # `mv llama .t` at that moment) is the race's.
         assert r.returncode == 1, r
-        assert "waits_for_reload" in model_entry(d, "llama")
