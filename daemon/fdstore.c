@@ -12,9 +12,11 @@
  * description may hold; the encoder refuses what it refuses, and the
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
- * The encoder writes FDSTORE_VERSION where a model waits, else
- * FDSTORE_VERSION_NO_WAITS (the same bytes but the wait lines' lengths,
- * which an older wcached reads); the decoder also reads version
+ * The encoder writes FDSTORE_VERSION where a model records a tree,
+ * else FDSTORE_VERSION_NO_TREES where a model waits (the same bytes but
+ * the trees' lengths), else FDSTORE_VERSION_NO_WAITS (nor the wait lines'
+ * lengths), which an older wcached reads; the decoder also reads version
+ * 8, whose models end after their wait line (no tree: root NULL), version
  * 7, whose models end after their artifacts (no wait line: NULL), version
  * 6, whose artifacts end after their build time (builder's gid
  * FDSTORE_GID_UNRECORDED, no groups: not recorded), version 5, whose
@@ -45,7 +47,8 @@
 #define MODEL_FIXED (8u + 8u + 4u)               /* slot, last generation, count */
 #define MIN_MODEL_V2 (2u * MIN_STRING + MODEL_FIXED)
 #define MIN_MODEL_V7 (MIN_MODEL_V2 + 4u)         /* and the artifact count */
-#define MIN_MODEL (MIN_MODEL_V7 + 2u)            /* and the wait line's length */
+#define MIN_MODEL_V8 (MIN_MODEL_V7 + 2u)         /* and the wait line's length */
+#define MIN_MODEL (MIN_MODEL_V8 + 2u)            /* and the tree root's length */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION_V5 (MIN_STRING + GENERATION_FIXED)
 #define MIN_GENERATION (MIN_GENERATION_V5 + 4u)  /* and the holder uid count */
@@ -121,6 +124,30 @@ put_string(struct out *o, const char *s)
 	put(o, s, n);
 }
 
+/* A model's tree (version 9): its root (u16 length 0: none, and nothing
+ * follows), then its owner, whether the root's inode is recorded, its
+ * device and inode, the place (u16 length 0: none), its directory's mode
+ * and that directory's length in it. */
+static void
+put_tree(struct out *o, const struct fdstore_tree *t)
+{
+	if (t->root == NULL) {
+		put_le(o, 0, 2);
+		return;
+	}
+	put_string(o, t->root);
+	put_le(o, t->uid, 4);
+	put_u8(o, t->root_known);
+	put_le(o, t->root_dev, 8);
+	put_le(o, t->root_ino, 8);
+	if (t->place != NULL)
+		put_string(o, t->place);
+	else
+		put_le(o, 0, 2);
+	put_le(o, t->place_mode, 4);
+	put_le(o, t->place_dir_len, 4);
+}
+
 int
 fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 {
@@ -130,9 +157,12 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 
 	if ((r = fdstore_check(d)) < 0)
 		return r;
-	for (uint32_t i = 0; i < d->nmodels && version == FDSTORE_VERSION_NO_WAITS; i++)
-		if (d->models[i].waits != NULL)
+	/* The oldest version that holds it. */
+	for (uint32_t i = 0; i < d->nmodels && version != FDSTORE_VERSION; i++)
+		if (d->models[i].tree.root != NULL)
 			version = FDSTORE_VERSION;
+		else if (d->models[i].waits != NULL)
+			version = FDSTORE_VERSION_NO_TREES;
 	put(&o, FDSTORE_MAGIC, 8);
 	put_le(&o, version, 4);
 	put_le(&o, d->nmodels, 4);
@@ -198,6 +228,8 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 			put_string(&o, m->waits);
 		else if (version >= 8)
 			put_le(&o, 0, 2);
+		if (version >= 9)
+			put_tree(&o, &m->tree);
 	}
 	if (o.err != 0) {
 		free(o.p);
@@ -437,18 +469,45 @@ get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint
 	return get_builder_groups(in, a, where);
 }
 
-/* A model's wait line: a u16 length, 0 (none: NULL) or a string of up to
- * FDSTORE_MAX_WAIT_LINE bytes. */
+/* A string that may be absent: a u16 length, 0 (none: NULL) or a string
+ * of up to max bytes. */
 static int
-get_wait_line(struct in *in, struct fdstore_model *m, const char *where)
+get_optional(struct in *in, size_t max, char **out, const char *where, const char *field)
 {
 	uint64_t n;
 	int r;
 
-	if ((r = get_le(in, 2, &n, where, "wait line")) < 0 || n == 0)
+	if ((r = get_le(in, 2, &n, where, field)) < 0 || n == 0)
 		return r;
 	in->off -= 2; /* read again as the string's length */
-	return get_string(in, FDSTORE_MAX_WAIT_LINE, &m->waits, where, "wait line");
+	return get_string(in, max, out, where, field);
+}
+
+/* A model's tree (put_tree); its rules are fdstore_check's. */
+static int
+get_tree(struct in *in, struct fdstore_tree *t, const char *where)
+{
+	uint64_t v[6];
+	int r;
+
+	if ((r = get_optional(in, FDSTORE_MAX_PATH, &t->root, where, "tree root")) < 0 ||
+		t->root == NULL)
+		return r;
+	if ((r = get_le(in, 4, &v[0], where, "tree owner")) < 0 ||
+		(r = get_le(in, 1, &v[1], where, "tree root known")) < 0 ||
+		(r = get_le(in, 8, &v[2], where, "tree root device")) < 0 ||
+		(r = get_le(in, 8, &v[3], where, "tree root inode")) < 0 ||
+		(r = get_optional(in, FDSTORE_MAX_PATH, &t->place, where, "tree place")) < 0 ||
+		(r = get_le(in, 4, &v[4], where, "tree place mode")) < 0 ||
+		(r = get_le(in, 4, &v[5], where, "tree place directory length")) < 0)
+		return r;
+	t->uid = (uint32_t)v[0];
+	t->root_known = (uint8_t)v[1];
+	t->root_dev = v[2];
+	t->root_ino = v[3];
+	t->place_mode = (uint32_t)v[4];
+	t->place_dir_len = (uint32_t)v[5];
+	return 0;
 }
 
 static int
@@ -487,7 +546,10 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 			return r;
 	if (version < 8)
 		return 0; /* version 7: no wait line */
-	return get_wait_line(in, m, where);
+	if ((r = get_optional(in, FDSTORE_MAX_WAIT_LINE, &m->waits, where, "wait line")) < 0 ||
+		version < 9)
+		return r; /* version 8: no tree */
+	return get_tree(in, &m->tree, where);
 }
 
 int
@@ -512,7 +574,7 @@ fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out)
 	if ((d = calloc(1, sizeof(*d))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	if ((r = get_count(&in, FDSTORE_MAX_MODELS, version < 3 ? MIN_MODEL_V2 :
-			 version < 8 ? MIN_MODEL_V7 : MIN_MODEL,
+			 version < 8 ? MIN_MODEL_V7 : version < 9 ? MIN_MODEL_V8 : MIN_MODEL,
 		     &d->nmodels, "header", "model count")) < 0 ||
 		(r = get_le(&in, 8, &d->status_size, "header", "status size")) < 0)
 		goto fail;
@@ -577,6 +639,21 @@ stored_artifact_equal(const struct fdstore_artifact *a, const struct fdstore_art
 			a->builder_ngroups * sizeof(*a->builder_groups)) == 0);
 }
 
+static int
+optional_equal(const char *a, const char *b)
+{
+	return a == NULL ? b == NULL : b != NULL && strcmp(a, b) == 0;
+}
+
+static int
+stored_tree_equal(const struct fdstore_tree *a, const struct fdstore_tree *b)
+{
+	return optional_equal(a->root, b->root) && optional_equal(a->place, b->place) &&
+		a->uid == b->uid && a->root_known == b->root_known &&
+		a->root_dev == b->root_dev && a->root_ino == b->root_ino &&
+		a->place_mode == b->place_mode && a->place_dir_len == b->place_dir_len;
+}
+
 int
 fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 {
@@ -589,7 +666,8 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 			x->slot != y->slot || x->last_generation != y->last_generation ||
 			x->ngenerations != y->ngenerations || x->nartifacts != y->nartifacts ||
 			(x->waits == NULL) != (y->waits == NULL) ||
-			(x->waits != NULL && strcmp(x->waits, y->waits) != 0))
+			(x->waits != NULL && strcmp(x->waits, y->waits) != 0) ||
+			!stored_tree_equal(&x->tree, &y->tree))
 			return 0;
 		for (uint32_t g = 0; g < x->ngenerations; g++)
 			if (!stored_generation_equal(&x->generations[g], &y->generations[g]))
@@ -641,6 +719,8 @@ fdstore_free(struct fdstore_desc *d)
 		free(m->name);
 		free(m->path);
 		free(m->waits);
+		free(m->tree.root);
+		free(m->tree.place);
 	}
 	free(d->models);
 	free(d);

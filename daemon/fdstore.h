@@ -20,10 +20,13 @@
  * memfd's and its index memfd's FDNAME and size, the builder's uid and
  * pid, the build time and, since version 7, the builder's gid and
  * supplementary groups), and, since version 8, each model ends with the
- * line of the refusal its files wait behind (u16 length, 0: none).
- * Strings are a u16 length and that many bytes, no
- * NUL. Versions 7 (models without a wait line), 6 (artifacts without their builder's groups), 5
- * (generations without their holders' uids either), 4 (nor files
+ * line of the refusal its files wait behind (u16 length, 0: none) and,
+ * since version 9, the tree its next load wcached makes by itself is
+ * judged against (fdstore_tree; a u16 length 0: none).
+ * Strings are a u16 length and that many bytes, no NUL. Versions 8
+ * (models without a tree), 7 (nor a wait line), 6 (artifacts without
+ * their builder's groups), 5 (generations without their holders' uids
+ * either), 4 (nor files
  * their ctime), 3 (nor their origin) and 2 (no artifacts either) are still
  * read.
  *
@@ -55,7 +58,10 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 8u                /* 8: a model records the line of the refusal
+#define FDSTORE_VERSION 9u                /* 9: a model records the tree (or place)
+					     a load wcached makes by itself is
+					     judged against (review rev204 H2, H3);
+					     8: a model records the line of the refusal
 					     its files wait behind (the operator's
 					     `wcachectl reload NAME`);
 					     7: artifacts record their builder's gid
@@ -67,9 +73,12 @@
 					     st_dev and st_ino; 3: models carry their
 					     derived artifacts */
 #define FDSTORE_VERSION_NO_WAITS 7u       /* what the encoder writes when no model
-					     waits (fdstore_model's waits): the
-					     oldest version that holds it, which a
-					     wcached before version 8 still reads */
+					     waits (fdstore_model's waits) nor
+					     records a tree: the oldest version that
+					     holds it, which a wcached before version
+					     8 still reads */
+#define FDSTORE_VERSION_NO_TREES 8u       /* what it writes when some model waits
+					     and none records a tree */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
 					     a version 7 without holders' uids, artifacts,
 					     origins or ctimes */
@@ -203,6 +212,25 @@ struct fdstore_model {
 	 * a version 2 to 7 description described it). The next start keeps
 	 * the wait (review rev203 H1). */
 	char *waits;
+	/* Version 9: what a load of it that wcached makes by itself (a
+	 * restart's load of a model it could not restore, or that had no
+	 * generation to store) is judged against, as a watched reload's
+	 * (registry.h's operator_tree): the tree its newest generation was
+	 * loaded from, or the tree and place the operator's last load of it
+	 * found. root NULL: none recorded (nor anything else of it: all 0;
+	 * a version 2 to 8 description described it). */
+	struct fdstore_tree {
+		char *root;            /* absolute, 1 .. FDSTORE_MAX_PATH bytes */
+		uint32_t uid;          /* its owner (of the directory above place) */
+		uint8_t root_known;    /* 0 or 1: root_dev and root_ino recorded (else 0) */
+		uint64_t root_dev;
+		uint64_t root_ino;
+		char *place;           /* absolute, or NULL (then place_mode and
+					  place_dir_len 0) */
+		uint32_t place_mode;   /* the mode of place's directory that existed */
+		uint32_t place_dir_len; /* that directory's length in place: 0 ..
+					  strlen(place) */
+	} tree;
 };
 
 struct fdstore_desc {

@@ -53,6 +53,52 @@ check_string(const char *s, size_t max, int fdname, const char *where, const cha
 	return 0;
 }
 
+/* A model's tree (fdstore.h's fdstore_tree): none (root NULL, all else 0),
+ * or an absolute root of its owner, its inode recorded (root_known 1) or
+ * 0 and 0, and no place (mode and length 0) or an absolute place whose
+ * directory is its first place_dir_len bytes (at most all of them), of
+ * mode 07777 at most. */
+static int
+check_tree(const struct fdstore_tree *t, const char *where)
+{
+	size_t len;
+	int r;
+
+	if (t->root == NULL) {
+		if (t->uid != 0 || t->root_known != 0 || t->root_dev != 0 || t->root_ino != 0 ||
+			t->place != NULL || t->place_mode != 0 || t->place_dir_len != 0)
+			return error_set(-EINVAL, "fdstore: %s: tree: no root, but its other "
+				"fields are not 0", where);
+		return 0;
+	}
+	if ((r = check_string(t->root, FDSTORE_MAX_PATH, 0, where, "tree root")) < 0)
+		return r;
+	if (t->root[0] != '/')
+		return error_set(-EINVAL, "fdstore: %s: tree root: not absolute", where);
+	if (t->root_known > 1 || (!t->root_known && (t->root_dev != 0 || t->root_ino != 0)))
+		return error_set(-EINVAL, "fdstore: %s: tree root known: %u, with device %"
+			PRIu64 " and inode %" PRIu64 " (1, or 0 with both 0)", where,
+			(unsigned)t->root_known, t->root_dev, t->root_ino);
+	if (t->place == NULL) {
+		if (t->place_mode != 0 || t->place_dir_len != 0)
+			return error_set(-EINVAL, "fdstore: %s: tree: no place, but its mode or "
+				"directory length is not 0", where);
+		return 0;
+	}
+	if ((r = check_string(t->place, FDSTORE_MAX_PATH, 0, where, "tree place")) < 0)
+		return r;
+	len = strlen(t->place);
+	if (t->place[0] != '/')
+		return error_set(-EINVAL, "fdstore: %s: tree place: not absolute", where);
+	if (t->place_dir_len > len)
+		return error_set(-EINVAL, "fdstore: %s: tree place directory length: %" PRIu32
+			", more than its place's %zu bytes", where, t->place_dir_len, len);
+	if (t->place_mode > 07777)
+		return error_set(-EINVAL, "fdstore: %s: tree place mode: %#" PRIo32 ", more than "
+			"07777", where, t->place_mode);
+	return 0;
+}
+
 static int
 compare_strings(const void *a, const void *b)
 {
@@ -242,7 +288,8 @@ fdstore_check(const struct fdstore_desc *d)
 		if ((r = check_string(m->name, FDSTORE_MAX_MODEL_NAME, 0, where, "name")) < 0 ||
 			(r = check_string(m->path, FDSTORE_MAX_PATH, 0, where, "path")) < 0 ||
 			(m->waits != NULL && (r = check_string(m->waits, FDSTORE_MAX_WAIT_LINE, 0,
-						      where, "wait line")) < 0))
+						      where, "wait line")) < 0) ||
+			(r = check_tree(&m->tree, where)) < 0)
 			return r;
 		if (m->path[0] != '/')
 			return error_set(-EINVAL, "fdstore: %s: path: not absolute", where);

@@ -9,9 +9,11 @@
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a description the decoder accepts passes fdstore_check(), encodes
- *     back to exactly the input when the input is version 7 (the format
+ *     back to exactly the input when the input is that version (the format
  *     has one encoding for each description: no padding, reserved bytes
- *     zero, holders' uids ascending, no leftover bytes), and decoding that
+ *     zero, holders' uids ascending, no leftover bytes; version 8 or 9
+ *     when the oldest that holds it: a model waiting, a model recording a
+ *     tree), and decoding that
  *     again gives an equal description, holders' uids, derived artifacts
  *     and their builders' groups, origins and ctimes included:
  *     decode(encode(x)) == x for every x the decoder can produce;
@@ -53,7 +55,7 @@ check_description(const uint8_t *data, size_t size)
 	struct fdstore_desc *d = (struct fdstore_desc *)&d, *again = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0;
-	uint32_t waits = 0;
+	uint32_t waits = 0, trees = 0;
 	int r;
 
 	r = fdstore_decode(data, size, &d);
@@ -66,17 +68,23 @@ check_description(const uint8_t *data, size_t size)
 	CHECK(r == 0 && d != NULL);
 	CHECK(fdstore_check(d) == 0);
 	CHECK(fdstore_encode(d, &buf, &len) == 0);
-	for (uint32_t i = 0; i < d->nmodels; i++)
+	for (uint32_t i = 0; i < d->nmodels; i++) {
 		waits += d->models[i].waits != NULL;
+		trees += d->models[i].tree.root != NULL;
+	}
 	/* Written as the oldest version that holds it. */
 	CHECK(len >= FDSTORE_HEADER_SIZE &&
-		buf[8] == (waits > 0 ? FDSTORE_VERSION : FDSTORE_VERSION_NO_WAITS));
+		buf[8] == (trees > 0 ? FDSTORE_VERSION : waits > 0 ? FDSTORE_VERSION_NO_TREES :
+				       FDSTORE_VERSION_NO_WAITS));
 	if (data[8] == buf[8]) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
-	} else if (data[8] == FDSTORE_VERSION) {
-		/* Version 8 with no wait line: version 7 but for each model's
-		 * length 0. */
-		CHECK(waits == 0 && len + 2 * (size_t)d->nmodels == size);
+	} else if (data[8] >= FDSTORE_VERSION_NO_TREES) {
+		/* Version 9 with no tree, or 8 with no wait line: the older
+		 * version but for each model's length 0 of each field that
+		 * version lacks. */
+		CHECK(buf[8] < data[8] && trees == 0 && (buf[8] == FDSTORE_VERSION_NO_TREES ||
+								waits == 0));
+		CHECK(len + 2 * (size_t)d->nmodels * (size_t)(data[8] - buf[8]) == size);
 	} else {
 		size_t files = 0, generations = 0, artifacts = 0;
 

@@ -770,14 +770,14 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 9);
-	bad_bytes(copy, len, -EPROTO, "header: version: 9, this wcached reads 2 to 8");
+	put_u32(copy + 8, 10);
+	bad_bytes(copy, len, -EPROTO, "header: version: 10, this wcached reads 2 to 9");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 8");
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 9");
 	/* Version 7 bytes read as version 6, 5, 4, 3 or 2: the builders'
 	 * groups (the holders' uids, the ctimes, the origins, the artifact
 	 * counts) are not there, so the next record starts early and does not
@@ -1172,7 +1172,7 @@ test_version_8_wait_lines(void **state)
 	last->waits = strdup(line);
 	assert_non_null(last->waits);
 	buf = encode(d, &len);
-	assert_int_equal(buf[8], FDSTORE_VERSION);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_TREES);
 	if (fdstore_decode(buf, len, &back) != 0)
 		fail_msg("decode version 8: %s", error_get());
 	assert_true(fdstore_equal(d, back));
@@ -1227,7 +1227,7 @@ test_version_8_wait_lines(void **state)
 	memcpy(v8, buf, len);
 	v8[len] = 0;
 	v8[len + 1] = 0;
-	v8[8] = FDSTORE_VERSION;
+	v8[8] = FDSTORE_VERSION_NO_TREES;
 	if (fdstore_decode(v8, len + 2, &back) != 0)
 		fail_msg("decode version 8 with no wait line: %s", error_get());
 	assert_true(fdstore_equal(d, back));
@@ -1236,9 +1236,145 @@ test_version_8_wait_lines(void **state)
 	fdstore_free(back);
 	/* Version 7 bytes called version 8: the wait line's length is past
 	 * the end. */
-	buf[8] = FDSTORE_VERSION;
+	buf[8] = FDSTORE_VERSION_NO_TREES;
 	bad_bytes(buf, len, -EBADMSG, "wait line: needs 2 bytes");
 	free(v8);
+	free(buf);
+	fdstore_free(d);
+}
+
+/* Sets m's tree: root (NULL: none), and place (NULL: none) of dir_len. */
+static void
+set_tree(struct fdstore_model *m, const char *root, uint32_t uid, uint64_t ino,
+	const char *place, uint32_t dir_len)
+{
+	free(m->tree.root);
+	free(m->tree.place);
+	m->tree = (struct fdstore_tree){ .uid = uid };
+	if (root != NULL)
+		assert_non_null(m->tree.root = strdup(root));
+	if (ino != 0)
+		m->tree = (struct fdstore_tree){ .root = m->tree.root, .uid = uid,
+			.root_known = 1, .root_dev = 2049, .root_ino = ino };
+	if (place != NULL) {
+		assert_non_null(m->tree.place = strdup(place));
+		m->tree.place_mode = 02775;
+		m->tree.place_dir_len = dir_len;
+	}
+}
+
+/* Breaks one rule of a model's tree: fdstore_check refuses it, naming the
+ * field. */
+static void
+refuse_tree(const char *root, uint32_t uid, uint8_t known, uint64_t ino, const char *place,
+	uint32_t mode, uint32_t dir_len, const char *want)
+{
+	struct fdstore_desc *d = make_desc();
+	struct fdstore_tree *t = &d->models[2].tree;
+
+	t->root = root != NULL ? strdup(root) : NULL;
+	t->place = place != NULL ? strdup(place) : NULL;
+	t->uid = uid;
+	t->root_known = known;
+	t->root_ino = ino;
+	t->place_mode = mode;
+	t->place_dir_len = dir_len;
+	assert_error(fdstore_check(d), -EINVAL, want);
+	fdstore_free(d);
+}
+
+/* Version 9: a model's tree (fdstore.h's tree), its root's inode and its
+ * place; written only where some model records one (else version 8 or 7),
+ * read back equal, held to its rules, and its bytes bounded: a length
+ * past the end, a NUL, a truncated tail are refused naming the field. */
+static void
+test_version_9_trees(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint8_t *buf, *v9;
+	size_t len;
+
+	(void)state;
+	set_tree(&d->models[0], "/srv/models/llama", 1000, 77, NULL, 0);
+	set_tree(&d->models[2], "/srv/idle", 0, 0, "/srv/idle", 4);
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], FDSTORE_VERSION);
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode version 9: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_string_equal(back->models[0].tree.root, "/srv/models/llama");
+	assert_int_equal(back->models[0].tree.root_ino, 77);
+	assert_int_equal(back->models[0].tree.root_dev, 2049);
+	assert_null(back->models[0].tree.place);
+	assert_null(back->models[1].tree.root);
+	assert_string_equal(back->models[2].tree.place, "/srv/idle");
+	assert_int_equal(back->models[2].tree.place_mode, 02775);
+	assert_int_equal(back->models[2].tree.place_dir_len, 4);
+	back->models[0].tree.root_ino++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].tree.root_ino--;
+	back->models[2].tree.place_dir_len = 5;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.place_dir_len = 4;
+	free(back->models[2].tree.place);
+	back->models[2].tree.place = NULL;
+	assert_false(fdstore_equal(d, back));
+	fdstore_free(back);
+	back = NULL;
+	/* The last model's tree ends the bytes: its place directory's
+	 * length (4), mode (4), place "/srv/idle" (2 + 9). */
+	bad_bytes(buf, len - 1, -EBADMSG, "model 2 (\"idle\"): tree place directory length: "
+		"needs 4 bytes");
+	buf[len - 8 - 9 + 2] = '\0';
+	bad_bytes(buf, len, -EBADMSG, "tree place: holds a NUL byte");
+	buf[len - 8 - 9 + 2] = 'r';
+	buf[len - 8 - 11] = 0xff;
+	bad_bytes(buf, len, -EBADMSG, "tree place: needs 255 bytes");
+	buf[len - 8 - 11] = 9;
+	buf[len - 7] = 0x15; /* mode 012775 */
+	bad_bytes(buf, len, -EBADMSG, "tree place mode");
+	free(buf);
+
+	/* The rules. */
+	refuse_tree(NULL, 5, 0, 0, NULL, 0, 0, "tree: no root, but its other fields");
+	refuse_tree("srv/idle", 0, 0, 0, NULL, 0, 0, "tree root: not absolute");
+	refuse_tree("/srv/idle", 0, 2, 7, NULL, 0, 0, "tree root known: 2");
+	refuse_tree("/srv/idle", 0, 0, 7, NULL, 0, 0, "tree root known: 0, with device 0 and "
+		"inode 7");
+	refuse_tree("/srv/idle", 0, 0, 0, NULL, 0755, 0, "tree: no place, but");
+	refuse_tree("/srv/idle", 0, 0, 0, "idle", 0755, 0, "tree place: not absolute");
+	refuse_tree("/srv/idle", 0, 0, 0, "/srv/idle", 0755, 10, "tree place directory length: "
+		"10, more than its place's 9 bytes");
+	refuse_tree("/srv/idle", 0, 0, 0, "/srv/idle", 010755, 4, "tree place mode");
+
+	/* No tree, no wait: version 7; its version 9 spelling (two zero
+	 * lengths per model) reads the same. One model, whose tree ends the
+	 * bytes. */
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		set_tree(&d->models[i], NULL, 0, 0, NULL, 0);
+	for (uint32_t i = 1; i < d->nmodels; i++) {
+		strip_artifacts(&d->models[i]);
+		strip_generations(&d->models[i]);
+		free(d->models[i].name);
+		free(d->models[i].path);
+	}
+	d->nmodels = 1;
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_WAITS);
+	v9 = calloc(1, len + 4);
+	assert_non_null(v9);
+	memcpy(v9, buf, len);
+	v9[8] = FDSTORE_VERSION;
+	if (fdstore_decode(v9, len + 4, &back) != 0)
+		fail_msg("decode version 9 with no tree: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_null(back->models[0].tree.root);
+	assert_encodes_to(back, buf, len);
+	fdstore_free(back);
+	/* Version 8 spelling called version 9: the tree's length is past the
+	 * end. */
+	bad_bytes(v9, len + 2, -EBADMSG, "tree root: needs 2 bytes");
+	free(v9);
 	free(buf);
 	fdstore_free(d);
 }
@@ -1251,6 +1387,7 @@ main(void)
 		cmocka_unit_test(test_older_versions),
 		cmocka_unit_test(test_version_6_artifacts),
 		cmocka_unit_test(test_version_8_wait_lines),
+		cmocka_unit_test(test_version_9_trees),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_ctimes_without_nlink),
