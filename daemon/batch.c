@@ -167,10 +167,12 @@ batch_reload_watched(struct batch *b, const char *name)
 }
 
 /* A warm restart's check of a model ended (restore.h): served, or loaded
- * afresh as configured now (a load that may fail), or not served, waiting
- * for the operator's reload (a failure, as a load that failed). Gone
- * (unloaded, or loaded anew meanwhile) is no failure, as a superseded
- * load is none. */
+ * afresh as configured now (a load that may fail), or as a reload wcached
+ * makes by itself, judged against the tree its description recorded
+ * (RESTORE_JUDGED: a load that may fail, or wait for the operator's
+ * reload), or not served, waiting for the operator's reload (a failure, as
+ * a load that failed). Gone (unloaded, or loaded anew meanwhile) is no
+ * failure, as a superseded load is none. */
 void
 batch_restore_done(const char *name, enum restore_result result, void *arg)
 {
@@ -182,6 +184,8 @@ batch_restore_done(const char *name, enum restore_result result, void *arg)
 			m = &b->d->cfg->models[i];
 	if (m != NULL)
 		batch_load(b, m);
+	if (result == RESTORE_JUDGED)
+		batch_reload_watched(b, name);
 	if (result == RESTORE_WAITS)
 		b->failed++;
 	b->pending--;

@@ -819,6 +819,10 @@ main(int argc, char **argv)
 			/* Listed, waiting for the operator's reload: failed. */
 			batch_set_access(&d, m);
 			b->failed++;
+		} else if (restoring == RESTORE_MODEL_JUDGED) {
+			/* Listed, judged against its recorded tree. */
+			batch_set_access(&d, m);
+			batch_reload_watched(b, m->name);
 		} else if (restoring) {
 			batch_set_access(&d, m);
 			b->pending++;

@@ -525,6 +525,34 @@ registry_wait_for_operator(struct registry *r, const char *name, const char *why
 		registry_reload_held(r, m, NULL);
 }
 
+int
+registry_keep_tree(struct registry *r, const char *name, const struct registry_tree *t)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+	char *root, *place = NULL;
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if (t->root == NULL)
+		return 0;
+	if ((root = strdup(t->root)) == NULL ||
+		(t->place != NULL && (place = strdup(t->place)) == NULL)) {
+		free(root);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	free(m->operator_tree.root);
+	free(m->operator_tree.place);
+	m->operator_tree.root = root;
+	m->operator_tree.place = place;
+	m->operator_tree.uid = t->uid;
+	m->operator_tree.place_mode = t->place_mode;
+	m->operator_tree.place_dir_len = place != NULL ? t->place_dir_len : 0;
+	m->operator_tree.root_known = t->root_known;
+	m->operator_tree.root_dev = t->root_dev;
+	m->operator_tree.root_ino = t->root_ino;
+	return 0;
+}
+
 void
 registry_refusal_kept(struct registry *r, const char *name, const char *line)
 {

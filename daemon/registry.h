@@ -203,6 +203,13 @@ struct model_entry {
 		uid_t uid;
 		mode_t place_mode;
 		size_t place_dir_len;
+		/* root's device and inode, where known (root_known): what a
+		 * warm restart recorded of the tree its stored generation was
+		 * loaded from (registry_keep_tree); an operator's load
+		 * records none. */
+		int root_known;
+		dev_t root_dev;
+		ino_t root_ino;
 	} operator_tree;
 	struct model_entry *next;
 	struct model_entry *name_next; /* its chain in struct registry's by_name */
@@ -423,6 +430,30 @@ void registry_withdraw(struct registry *r, struct model_entry *m, const char *wh
  */
 void registry_wait_for_operator(struct registry *r, const char *name, const char *why,
 	const char *line);
+
+/* What registry_keep_tree() gives a model to be judged by. */
+struct registry_tree {
+	const char *root;       /* NULL: nothing (the call does nothing) */
+	uid_t uid;
+	int root_known;
+	dev_t root_dev;
+	ino_t root_ino;
+	const char *place;      /* NULL: none */
+	mode_t place_mode;
+	size_t place_dir_len;
+};
+
+/*
+ * The model name, which nothing serves, was described by the previous
+ * process with t, the tree its newest generation was loaded from or the
+ * tree and place the operator's last load of it found (fdstore.h's
+ * fdstore_tree): its operator_tree becomes t, so that a reload wcached
+ * makes by itself (registry_reload_watched; a warm restart's load of a
+ * model it could not restore, or that had nothing stored) is judged
+ * against it, as against the tree of a generation serving (review rev204
+ * H2, H3). Until the operator's next load. 0, -ENOENT, or -ENOMEM.
+ */
+int registry_keep_tree(struct registry *r, const char *name, const struct registry_tree *t);
 
 /*
  * The model name, whose generation restored from the file descriptor

@@ -2128,6 +2128,7 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	m->operator_tree.uid = q->found_uid;
 	m->operator_tree.place_mode = q->found_place_mode;
 	m->operator_tree.place_dir_len = q->found_place_dir_len;
+	m->operator_tree.root_known = 0; /* a warm restart's record is superseded */
 	q->found_root = NULL;
 	q->found_place = NULL;
 }
@@ -2843,6 +2844,9 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 	q->keep_uid = m->operator_tree.uid;
 	q->keep_place_mode = m->operator_tree.place_mode;
 	q->keep_place_dir_len = m->operator_tree.place_dir_len;
+	q->keep_root_known = m->operator_tree.root_known;
+	q->keep_root_dev = m->operator_tree.root_dev;
+	q->keep_root_ino = m->operator_tree.root_ino;
 	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
 		(m->operator_tree.place != NULL &&
 			(q->keep_place = strdup(m->operator_tree.place)) == NULL))

@@ -73,8 +73,12 @@ void restore_slots(struct restore *s, struct registry *r);
  * what its path names waits for the operator's `wcachectl reload NAME`
  * (its path goes through a place others may rename entries in: one line
  * logged, registry_wait_for_operator); or an unload or a load took its
- * place meanwhile, or wcached is stopping. */
-enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_WAITS, RESTORE_GONE };
+ * place meanwhile, or wcached is stopping; or (RESTORE_JUDGED) it loads as
+ * a reload wcached makes by itself (registry_reload_watched), judged
+ * against the tree the description recorded for it, which the registry
+ * keeps (registry_keep_tree: one line logged). */
+enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_WAITS, RESTORE_GONE,
+	RESTORE_JUDGED };
 typedef void (*restore_done_fn)(const char *name, enum restore_result result, void *arg);
 
 /*
@@ -97,12 +101,20 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
  * registry_wait_for_operator; done is not called). A described wait is
  * kept by a restored generation too (registry_refusal_kept), and a check
  * that fails waits (restore_still_waits) wherever its path goes. A model
- * described with no current generation and no wait is judged on the work
- * queue too (returns 1, done comes): RESTORE_WAITS where its path goes
- * through a place others may rename entries in, else RESTORE_LOAD (review
- * rev204 H3).
+ * not restored with its path unchanged (no current generation stored, the
+ * status page unusable, its check not queued) whose description records a
+ * tree (fdstore.h's tree) returns RESTORE_MODEL_JUDGED: it is listed, and
+ * the caller loads it with registry_reload_watched, judged against that
+ * tree (registry_keep_tree; one line logged; done is not called), as a
+ * check that fails does (RESTORE_JUDGED): no load a restart makes by
+ * itself is the operator's (review rev204 H2, H3). One with no current
+ * generation, no wait and no tree (a store from a wcached before format
+ * version 9) is judged on the work queue (returns 1, done comes):
+ * RESTORE_WAITS where its path goes through a place others may rename
+ * entries in, else RESTORE_LOAD (review rev204 H3).
  */
 #define RESTORE_MODEL_WAITS 2
+#define RESTORE_MODEL_JUDGED 3
 int restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, restore_done_fn done, void *arg);
 

@@ -292,6 +292,22 @@ lookup_builders(struct restore_artifact *v, size_t n)
 	}
 }
 
+/* Work queue thread: p, the current generation, whose own tree could not
+ * be told from where its files are now (a file replaced, or removed), takes
+ * the one the description recorded for its model (fdstore.h's tree), when
+ * that is a generation's (no place): the tree it was loaded from, which
+ * its reload (reload_moved) keeps. */
+static void
+stored_tree(struct restore_prepared *p, const struct fdstore_tree *t)
+{
+	if (t->root == NULL || t->place != NULL || (p->tree_root = strdup(t->root)) == NULL)
+		return;
+	p->tree_uid = (uid_t)t->uid;
+	p->tree_ino_known = t->root_known;
+	p->tree_dev = (dev_t)t->root_dev;
+	p->tree_ino = (ino_t)t->root_ino;
+}
+
 /* Work queue thread: checks and opens every stored generation of j's
  * model, and checks its current generation's derived artifacts. */
 static void
@@ -331,6 +347,8 @@ restore_work(struct workq_job *w)
 		cur->tree_ino = found.root_ino;
 		if (cur->tree_root == NULL)
 			restore_moved_tree(cur, j->path);
+		if (cur->tree_root == NULL)
+			stored_tree(cur, &j->s->desc->models[j->model].tree);
 	} else {
 		free(resolved);
 	}
@@ -651,6 +669,49 @@ restore_still_waits(struct registry *r, const char *name, const char *why, const
 	free(msg);
 }
 
+/*
+ * Loop thread: the model m, listed (registry_expect) and not restored
+ * (why), is loaded as a reload wcached makes by itself, judged against the
+ * tree the description recorded for it (fdstore.h's tree: the tree its
+ * newest generation was loaded from, or the tree or place the operator's
+ * last load of it found), not as the operator's load, which would follow
+ * its path wherever it leads now: the model's deployer, or anyone who may
+ * rename entries in a directory on its path, may have put another tree
+ * there while wcached was down, or made the check fail (review rev204 H2,
+ * H3). Files of that tree load as before; others wait for the operator's
+ * `wcachectl reload NAME`. 0 (one line logged; the caller has
+ * registry_reload_watched load it), or -ENOENT when nothing is recorded
+ * (or no memory to keep it): the caller loads it as before.
+ */
+static int
+keep_stored_tree(struct registry *r, const struct fdstore_model *m, const char *why)
+{
+	const struct fdstore_tree *t = &m->tree;
+	struct registry_tree kept = { .root = t->root, .uid = (uid_t)t->uid,
+		.root_known = t->root_known, .root_dev = (dev_t)t->root_dev,
+		.root_ino = (ino_t)t->root_ino, .place = t->place,
+		.place_mode = (mode_t)t->place_mode, .place_dir_len = t->place_dir_len };
+	char reason[ERROR_MAX];
+
+	if (t->root == NULL)
+		return -ENOENT;
+	snprintf(reason, sizeof(reason), "%s", why);
+	if (registry_keep_tree(r, m->name, &kept) < 0) {
+		log_warnx("model \"%s\": %s", m->name, error_get());
+		return -ENOENT;
+	}
+	if (t->place != NULL)
+		log_warnx("model \"%s\": not restored: %s; loading it as a reload wcached makes by "
+			  "itself, judged against the place %s that the operator's last load of it "
+			  "named (its tree %s, uid %" PRIu32 ")", m->name, reason, t->place,
+			t->root, t->uid);
+	else
+		log_warnx("model \"%s\": not restored: %s; loading it as a reload wcached makes by "
+			  "itself, judged against the tree %s (uid %" PRIu32 ") that it was last "
+			  "loaded from", m->name, reason, t->root, t->uid);
+	return 0;
+}
+
 /* Loop thread: serves what j's check passed, or says why not. */
 static void
 restore_after(struct workq_job *w, int status)
@@ -681,6 +742,8 @@ restore_after(struct workq_job *w, int status)
 	} else if (j->others_rename) {
 		wait_for_operator(r, m->name, j->path, j->rename_place, error_get());
 		result = RESTORE_WAITS;
+	} else if (keep_stored_tree(r, m, error_get()) == 0) {
+		result = RESTORE_JUDGED;
 	} else {
 		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
 		result = RESTORE_LOAD;
@@ -941,6 +1004,28 @@ waits_still(struct registry *r, const struct fdstore_model *m, const char *path,
 	return RESTORE_MODEL_WAITS;
 }
 
+/* restore_model's model m, not restored (why) with its path unchanged:
+ * listed, and judged as keep_stored_tree says: RESTORE_MODEL_JUDGED. 0:
+ * load afresh now (nothing recorded, or it could not be listed; one line
+ * logged). */
+static int
+judged_load(struct registry *r, const struct fdstore_model *m, const char *path,
+	enum pin_mode pin, int warm, const char *why)
+{
+	uint64_t expected;
+
+	if (m->tree.root == NULL) {
+		log_info("model \"%s\": not restored: %s; loading", m->name, why);
+		return 0;
+	}
+	if ((expected = registry_expect(r, m->name, path, pin, warm)) == 0) {
+		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
+		return 0;
+	}
+	(void)registry_expect_end(r, m->name, expected);
+	return keep_stored_tree(r, m, why) == 0 ? RESTORE_MODEL_JUDGED : 0;
+}
+
 /* Queues the check of a configured model's stored generations, or says
  * why it loads afresh (restore.h). */
 int
@@ -966,25 +1051,25 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	if (strcmp(m->path, path) == 0 && m->waits != NULL && (g == NULL || !s->status_taken))
 		return waits_still(r, m, path, pin, warm, s->status_taken ? NULL :
 			"the stored status page was not usable");
-	if (!s->status_taken)
-		log_info("model \"%s\": not restored: the stored status page was not usable; "
-			"loading", name);
-	else if (strcmp(m->path, path) != 0)
+	if (strcmp(m->path, path) != 0)
 		log_info("model \"%s\": not restored: its path changed (was %s); loading", name,
 			m->path);
+	else if (!s->status_taken)
+		return judged_load(r, m, path, pin, warm, "the stored status page was not usable");
+	else if (g == NULL && m->tree.root != NULL)
+		return judged_load(r, m, path, pin, warm, "no current generation was stored");
 	else if (g == NULL && queue_place(r, m, path, pin, warm, done, arg) == 0)
 		return 1;
 	else if (g == NULL)
 		log_warnx("model \"%s\": not restored: no current generation was stored, and its "
 			  "path could not be judged (%s); loading", name, error_get());
 	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0) {
-		if (m->waits != NULL) {
-			char why[ERROR_MAX];
+		char why[ERROR_MAX];
 
-			snprintf(why, sizeof(why), "%s", error_get());
+		snprintf(why, sizeof(why), "%s", error_get());
+		if (m->waits != NULL)
 			return waits_still(r, m, path, pin, warm, why);
-		}
-		log_warnx("model \"%s\": not restored: %s; loading", name, error_get());
+		return judged_load(r, m, path, pin, warm, why);
 	} else {
 		/* The pin is what the model keeps locked, not what it is: the
 		 * generation serves as stored and takes the configured pin (its

@@ -658,6 +658,78 @@ describe_wait(struct fdstore_model *dm, const struct model_entry *m,
 	return (dm->waits = strndup(line, FDSTORE_MAX_WAIT_LINE)) != NULL ? 0 : -ENOMEM;
 }
 
+/* What a load of m that wcached makes by itself is judged against, as
+ * registry_load.c's keep_tree takes it: the tree its newest generation was
+ * loaded from, else the tree and place the operator's last load found
+ * (operator_tree). 1 and *t (pointing into m), or 0: none known. */
+static int
+judged_tree(const struct model_entry *m, struct registry_tree *t)
+{
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+
+	if (g != NULL && g->tree_root != NULL) {
+		*t = (struct registry_tree){ .root = g->tree_root, .uid = g->tree_uid,
+			.root_known = g->tree_ino_known, .root_dev = g->tree_dev,
+			.root_ino = g->tree_ino };
+		return 1;
+	}
+	if (m->operator_tree.root == NULL)
+		return 0;
+	*t = (struct registry_tree){ .root = m->operator_tree.root,
+		.uid = m->operator_tree.uid, .root_known = m->operator_tree.root_known,
+		.root_dev = m->operator_tree.root_dev, .root_ino = m->operator_tree.root_ino,
+		.place = m->operator_tree.place, .place_mode = m->operator_tree.place_mode,
+		.place_dir_len = m->operator_tree.place_dir_len };
+	return 1;
+}
+
+/* Whether a path may be described (fdstore_check's rules): absolute, 1
+ * .. FDSTORE_MAX_PATH bytes. */
+static int
+describable(const char *path)
+{
+	return path != NULL && path[0] == '/' && strlen(path) <= FDSTORE_MAX_PATH;
+}
+
+/* The tree dm records (fdstore.h: tree): m's (judged_tree), or, for the
+ * previous description's carried model, whose check has not ended, its
+ * own. A root or place that cannot be described is not: nothing is
+ * recorded. 0 or -ENOMEM. */
+static int
+describe_tree(struct fdstore_model *dm, const struct model_entry *m,
+	const struct fdstore_model *carried)
+{
+	struct fdstore_tree *dt = &dm->tree;
+	struct registry_tree t;
+
+	if (!judged_tree(m, &t)) {
+		if (carried == NULL || carried->tree.root == NULL)
+			return 0;
+		t = (struct registry_tree){ .root = carried->tree.root, .uid = carried->tree.uid,
+			.root_known = carried->tree.root_known,
+			.root_dev = (dev_t)carried->tree.root_dev,
+			.root_ino = (ino_t)carried->tree.root_ino, .place = carried->tree.place,
+			.place_mode = carried->tree.place_mode,
+			.place_dir_len = carried->tree.place_dir_len };
+	}
+	if (!describable(t.root) || (t.place != NULL && !describable(t.place)))
+		return 0;
+	if ((dt->root = strdup(t.root)) == NULL ||
+		(t.place != NULL && (dt->place = strdup(t.place)) == NULL))
+		return -ENOMEM;
+	dt->uid = (uint32_t)t.uid;
+	dt->root_known = t.root_known != 0;
+	dt->root_dev = dt->root_known ? (uint64_t)t.root_dev : 0;
+	dt->root_ino = dt->root_known ? (uint64_t)t.root_ino : 0;
+	if (dt->place != NULL) {
+		size_t len = strlen(dt->place);
+
+		dt->place_mode = (uint32_t)(t.place_mode & 07777);
+		dt->place_dir_len = (uint32_t)(t.place_dir_len < len ? t.place_dir_len : len);
+	}
+	return 0;
+}
+
 /*
  * The description of what p takes that the manager has whole (a current
  * generation whose store failed is described without it: that model loads
@@ -682,7 +754,8 @@ describe_planned(const struct registry *r, const struct store_plan *p, struct fd
 			goto fail;
 		dm->slot = m->slot;
 		dm->last_generation = m->last_generation;
-		if (describe_wait(dm, m, p->models[i].carried) < 0)
+		if (describe_wait(dm, m, p->models[i].carried) < 0 ||
+			describe_tree(dm, m, p->models[i].carried) < 0)
 			goto fail;
 		if (p->models[i].carried != NULL) {
 			if (fdstore_carry(dm, p->models[i].carried) < 0)
@@ -843,6 +916,27 @@ hash_holders(uint64_t h, const struct generation *g)
  * changed by a reload or wcachectl pin makes no new generation, and a
  * description that kept the old one would make the next start compare
  * against it). Never 0. */
+/* h with m's judged_tree hashed in: the operator's load that failed (and
+ * so made no generation) changes what the description records. */
+static uint64_t
+hash_tree(uint64_t h, const struct model_entry *m)
+{
+	struct registry_tree t;
+
+	if (!judged_tree(m, &t))
+		return (h ^ 0x7e) * 1099511628211ull;
+	uint64_t v[5] = { t.uid, (uint64_t)t.root_known, (uint64_t)t.root_dev,
+		(uint64_t)t.root_ino, ((uint64_t)t.place_mode << 32) | t.place_dir_len };
+
+	for (int i = 0; i < 5; i++)
+		h = (h ^ v[i]) * 1099511628211ull;
+	for (const char *p = t.root; *p != '\0'; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	for (const char *p = t.place; p != NULL && *p != '\0'; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	return h;
+}
+
 static uint64_t
 describe_hash(const struct registry *r)
 {
@@ -864,6 +958,7 @@ describe_hash(const struct registry *r)
 		for (const char *p = m->refused_tree ? m->refused_line : NULL;
 			p != NULL && *p != '\0'; p++)
 			h = (h ^ (unsigned char)*p) * 1099511628211ull;
+		h = hash_tree(h, m);
 	}
 	/* The held generations described with them. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {

@@ -95,16 +95,17 @@ def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(
 
 
 def walk(desc):
-    """Walks a version 7 (or 6) description (proto/PROTOCOL.md, "The file
-    descriptor store"): ([(generation number, file k, offset of the file's
+    """Walks a version 9 (or 8, 7, 6) description (proto/PROTOCOL.md, "The
+    file descriptor store"): ([(generation number, file k, offset of the file's
     origin st_dev, st_ino, which st_ctim, st_nlink and the origin's st_ctim
     follow)], [(offset, length) of each generation's holder uids: their
     count and pairs, which version 6 added], [each derived artifact's
     {"key", and the offsets of its "size", "index_size", "builder_uid" and,
     in version 7, "builder_gid", "groups" (the offset of each of its
     builder's groups) and "builder" ((offset, length) of its builder's gid,
-    group count and groups, which version 7 added)}])."""
-    found, holders, artifacts, p = [], [], [], 0
+    group count and groups, which version 7 added)}], [(offset, length) of
+    each model's wait line and tree, which versions 8 and 9 added])."""
+    found, holders, artifacts, tails, p = [], [], [], [], 0
 
     def take(n):
         nonlocal p
@@ -121,7 +122,7 @@ def walk(desc):
 
     assert take(8) == b"WCFDSTOR"
     version = num(4)
-    assert version in (6, 7), version
+    assert version in (6, 7, 8, 9), version
     models = num(4)
     take(8)
     for _ in range(models):
@@ -154,23 +155,33 @@ def walk(desc):
                 take(4 * count)
                 a["builder"] = (at, p - at)
             artifacts.append(a)
+        at = p
+        if version >= 8:
+            take(num(2))                    # the wait line (0: none)
+        if version >= 9 and num(2) > 0:     # the tree: its root, if any,
+            p -= 2
+            string(), take(4 + 1 + 8 + 8)   # owner, inode known, dev, ino
+            take(num(2)), take(8)           # its place, mode, directory length
+        tails.append((at, p - at))
     assert p == len(desc)
-    return found, holders, artifacts
+    return found, holders, artifacts, tails
 
 
 def file_records(desc):
-    """walk()'s file records of a version 7 description."""
+    """walk()'s file records of a description."""
     return walk(desc)[0]
 
 
 def older_version(desc, version):
-    """The version 7 description as a version 6 wcached wrote it (without
-    its artifacts' builders' groups), a version 4 one (without the holders'
-    uids, each file's ctimes and nlink either) or a version 3 one (without
-    its files' origin either)."""
+    """The version 9 (8, 7) description as a version 6 wcached wrote it
+    (without its models' trees and wait lines, nor its artifacts' builders'
+    groups), a version 4 one (without the holders' uids, each file's ctimes
+    and nlink either) or a version 3 one (without its files' origin
+    either)."""
     assert version in (3, 4, 6), version
-    files, holders, artifacts = walk(desc)
-    cuts = [(at, at + n) for at, n in (a["builder"] for a in artifacts)]
+    files, holders, artifacts, tails = walk(desc)
+    cuts = [(at, at + n) for at, n in (a["builder"] for a in artifacts)] + \
+        [(at, at + n) for at, n in tails]
     if version <= 4:
         cuts += [(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] + \
             [(at, at + n) for at, n in holders]

@@ -703,7 +703,7 @@ test_a_stop_ends_the_removal_of_a_copy_not_restored(void **state)
 		f), 1);
 	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
 	du_run_until(&f->t, is_done, f);
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	du_run_until(&f->t, stopping, NULL);
 	/* libuv's loop ends only once its work queue has, the removal
 	 * included. */
@@ -756,7 +756,7 @@ test_stage_yes_now_loads_an_unstaged_generation_afresh(void **state)
 	char *log;
 
 	log = restore_with_stage(f, FS_STAGE_YES);
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_non_null(strstr(log, "model \"m\": not restored: generation 1 is not a staged "
 		"copy, and stage = yes now; loading"));
 	free(log);
@@ -781,7 +781,7 @@ restore_untaken(struct fixture *f, int remote)
 	__atomic_store_n(&all_remote, remote, __ATOMIC_SEQ_CST);
 	free(restore_with_stage(f, FS_STAGE_YES));
 	__atomic_store_n(&all_remote, 0, __ATOMIC_SEQ_CST);
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_int_equal(memfds_local, 3);
 	assert_int_equal(memfds_daemon, 0);
 }
@@ -815,7 +815,7 @@ test_stage_no_now_loads_a_staged_generation_afresh(void **state)
 	char *log;
 
 	log = restore_with_stage(f, FS_STAGE_NO);
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_non_null(strstr(log, "model \"m\": not restored: generation 1 is a staged copy, "
 		"and stage = no now; loading"));
 	assert_non_null(strstr(log, "model \"m\": generation 1 not restored: removing its "
@@ -832,7 +832,7 @@ test_stage_auto_on_a_local_filesystem_loads_a_staged_generation_afresh(void **st
 	char *log;
 
 	log = restore_with_stage(f, FS_STAGE_AUTO);
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_non_null(strstr(log, "model \"m\": not restored: generation 1 is a staged copy, "
 		"and stage = auto does not stage from "));
 	assert_non_null(strstr(log, ", a local filesystem; loading"));
@@ -942,7 +942,8 @@ test_directory_that_gained_a_second_file_serves_and_reloads(void **state)
  * on, its holes warmed (and warmed again by the residency check) as
  * zeros. A warm restart checks it as a load does: not restored, one line
  * naming the file, and the model loads from its path (which refuses it in
- * turn). Before, it was restored.
+ * turn). Before, it was restored. That load is wcached's own reload,
+ * judged against the tree the description recorded (review rev204 H2).
  */
 static void
 test_a_sparse_model_is_not_restored(void **state)
@@ -950,11 +951,13 @@ test_a_sparse_model_is_not_restored(void **state)
 	struct fixture *f = *state;
 	char *log = restore_checked(f);
 
-	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_non_null(strstr(log, "model \"m\": not restored: "));
 	assert_non_null(strstr(log, "a.safetensors: a sparse file: 83886160 bytes long, at "
 		"least "));
 	assert_null(strstr(log, "restored from the file descriptor store"));
+	assert_non_null(strstr(log, "; loading it as a reload wcached makes by itself, judged "
+		"against the tree "));
 	free(log);
 }
 
@@ -1042,10 +1045,112 @@ test_holds_of_a_count_only_description(void **state)
 	registry_release(&f->t.reg, h[2], 1003);
 }
 
+/* m's description as one with no current generation (its generation
+ * described as held only) and, with tree 0, no tree either (a store from
+ * a wcached before format version 9). */
+static void
+no_current(struct fixture *f, int tree)
+{
+	struct fdstore_model *m = &f->s->desc->models[0];
+
+	for (uint32_t k = 0; k < m->ngenerations; k++)
+		m->generations[k].role = FDSTORE_HELD;
+	if (tree)
+		return;
+	free(m->tree.root);
+	free(m->tree.place);
+	m->tree = (struct fdstore_tree){ .root = NULL };
+}
+
+/*
+ * Review rev204 H3: a model described with no current generation (its
+ * load had failed, its generation was gone from its server) is no cold
+ * start. With the tree its description records, it is listed and judged
+ * against it (RESTORE_MODEL_JUDGED: main.c loads it with
+ * registry_reload_watched), the tree kept as its operator_tree with its
+ * root's inode. Before, it loaded as the operator's load.
+ */
+static void
+test_no_current_generation_is_judged_against_its_tree(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	char *log, *dir = path_dir(f->path);
+	struct stat st;
+
+	assert_non_null(dir);
+	assert_int_equal(stat(dir, &st), 0);
+	no_current(f, 1);
+	assert_string_equal(f->s->desc->models[0].tree.root, dir);
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), RESTORE_MODEL_JUDGED);
+	log = du_log_stop(&f->t);
+	assert_non_null(strstr(log, "model \"m\": not restored: no current generation was "
+		"stored; loading it as a reload wcached makes by itself, judged against the "
+		"tree "));
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_null(e->current);
+	assert_string_equal(e->operator_tree.root, dir);
+	assert_int_equal(e->operator_tree.uid, st.st_uid);
+	assert_true(e->operator_tree.root_known);
+	assert_int_equal(e->operator_tree.root_ino, st.st_ino);
+	assert_int_equal(f->done, 0);
+	restore_started(f->s, &f->t.reg);
+	free(log);
+	free(dir);
+}
+
+/*
+ * The same from a store that records no tree: its path is walked on the
+ * work queue; in a place only its owner may rename entries in it loads
+ * afresh as before (RESTORE_LOAD), in one others may (a 0777 directory,
+ * not sticky) it waits for the operator's reload (RESTORE_WAITS).
+ */
+static void
+test_no_current_generation_and_no_tree_is_judged_by_place(void **state)
+{
+	struct fixture *f = *state;
+	char *log, *dir = path_dir(f->path);
+
+	assert_non_null(dir);
+	no_current(f, 0);
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), 1);
+	du_run_until(&f->t, is_done, f);
+	log = du_log_stop(&f->t);
+	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_non_null(strstr(log, "model \"m\": not restored: no current generation was "
+		"stored; loading"));
+	assert_null(strstr(log, "reload wcached makes by itself"));
+	free(log);
+	/* Again, in a place others may rename entries in. */
+	assert_int_equal(registry_unload(&f->t.reg, "m"), 0);
+	assert_int_equal(chmod(dir, 0777), 0);
+	f->done = 0;
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), 1);
+	du_run_until(&f->t, is_done, f);
+	log = du_log_stop(&f->t);
+	assert_int_equal(chmod(dir, 0700), 0);
+	assert_int_equal(f->result, RESTORE_WAITS);
+	assert_non_null(strstr(log, "a directory others than its owner may rename entries in"));
+	assert_true(registry_find(&f->t.reg, "m")->refused_tree);
+	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
+	free(log);
+	free(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_no_current_generation_and_no_tree_is_judged_by_place, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_sparse_model_is_not_restored,
