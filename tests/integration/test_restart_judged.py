@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl, model_entry
-from test_reload_refused import SECRET_BYTES, secret_never_served
+from test_reload_refused import SECRET_BYTES, remote_place, secret_never_served
 from test_tree_places import (BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager, as_bob,
                               made_by, roots_private_model)
 from test_warm_restart import ready, start
@@ -66,6 +66,18 @@ def waits_then_operator_loads(d, what):
                    timeout=60)
     assert "waits_for_reload" not in model_entry(d, "llama")
     print(d.read_log())
+
+
+def nothing_stored_waits(d, mgr):
+    """llama, described with no current generation, was judged against
+    what its description recorded (the restart's line says so) and waits
+    (waits_then_operator_loads); stops d and mgr."""
+    try:
+        waits_then_operator_loads(d, "by a warm restart")
+        assert re.search(STORED_NONE, d.read_log()), d.read_log()
+    finally:
+        d.stop()
+        mgr.close()
 
 
 def bobs_home_model(tmp_path):
@@ -152,14 +164,8 @@ def test_a_model_nothing_serves_is_judged_at_a_warm_restart(tmp_path):
         d.wait_for_log(r'model "llama": .*No such file or directory')
         mgr.wait_for(lambda m: "wc-desc" in m.store, what="description stored")
         time.sleep(0.5)
-    d, mgr = restart_with(tmp_path, {"llama": llama}, started,
-                          lambda: as_bob("mv secret llama", shared))
-    try:
-        waits_then_operator_loads(d, "by a warm restart")
-        assert re.search(STORED_NONE, d.read_log()), d.read_log()
-    finally:
-        d.stop()
-        mgr.close()
+    nothing_stored_waits(*restart_with(tmp_path, {"llama": llama}, started,
+                                       lambda: as_bob("mv secret llama", shared)))
 
 
 def test_a_model_made_in_a_private_place_while_down_loads_at_a_warm_restart(tmp_path):
@@ -193,34 +199,20 @@ def test_a_gone_remote_generation_is_judged_at_a_warm_restart(tmp_path):
     (not stored); while wcached restarts warm bob renames root's private
     secret at llama: the restart's load is judged against generation 1's
     tree (another directory at its path now): it waits."""
-    from remotefs import RemoteFS, skip_reason
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    backing, mnt = tmp_path / "backing", tmp_path / "mnt"
-    backing.mkdir()
-    mnt.mkdir()
-    os.chmod(tmp_path, 0o755)
-    shared = made_by(backing / "shared", 0, 0o2775)
+    from remotefs import RemoteFS
+    backing, mnt, shared = remote_place(tmp_path)
     llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
     mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
     roots_private_model(os.path.join(shared, "secret"))
-
-    def started(d, mgr):
-        wait_until(lambda: ready(d, "llama"), what="ready")
-        as_bob("rm llama/model.safetensors", shared)
-        d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
-                       timeout=60)
-        time.sleep(1)
+    models = {"llama": (str(mnt / "shared" / "llama"), {"poll_interval": "2", "stage": "no"})}
     with RemoteFS(backing, mnt, attr_timeout=0.1):
-        (tmp_path / "d").mkdir()
-        d, mgr = restart_with(tmp_path, {"llama": (str(mnt / "shared" / "llama"),
-                                                   {"poll_interval": "2", "stage": "no"})},
-                              started, lambda: as_bob("mv llama llama.x && mv secret llama",
-                                                      shared), daemon_dir=tmp_path / "d")
-        try:
-            waits_then_operator_loads(d, "by a warm restart")
-            assert re.search(STORED_NONE, d.read_log()), d.read_log()
-        finally:
-            d.stop()
-            mgr.close()
+        def started(d, mgr):
+            wait_until(lambda: ready(d, "llama"), what="ready")
+            as_bob("rm llama/model.safetensors", shared)
+            d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
+                           timeout=60)
+            time.sleep(1)
+        nothing_stored_waits(*restart_with(
+            tmp_path, models, started,
+            lambda: as_bob("mv llama llama.x && mv secret llama", shared),
+            daemon_dir=tmp_path / "d"))

@@ -1152,6 +1152,24 @@ test_memfd(void **state)
 	fdstore_free(d);
 }
 
+/* d cut down to its first model (the others freed), encoded: the bytes
+ * end with that model's last field. */
+static uint8_t *
+encode_first_model(struct fdstore_desc *d, size_t *len)
+{
+	for (uint32_t i = 1; i < d->nmodels; i++) {
+		strip_artifacts(&d->models[i]);
+		strip_generations(&d->models[i]);
+		free(d->models[i].name);
+		free(d->models[i].path);
+		free(d->models[i].waits);
+		free(d->models[i].tree.root);
+		free(d->models[i].tree.place);
+	}
+	d->nmodels = 1;
+	return encode(d, len);
+}
+
 /* Version 8: a model's wait line (review rev203 H1) ends it, a u16 length
  * (0: none) and its bytes. A description where a model waits is written
  * as version 8 and read back the same; one where none waits is written as
@@ -1213,14 +1231,7 @@ test_version_8_wait_lines(void **state)
 		d->models[i].waits = NULL;
 	}
 	/* One model, so that its wait line's length ends the bytes. */
-	for (uint32_t i = 1; i < d->nmodels; i++) {
-		strip_artifacts(&d->models[i]);
-		strip_generations(&d->models[i]);
-		free(d->models[i].name);
-		free(d->models[i].path);
-	}
-	d->nmodels = 1;
-	buf = encode(d, &len);
+	buf = encode_first_model(d, &len);
 	assert_int_equal(buf[8], FDSTORE_VERSION_NO_WAITS);
 	v8 = malloc(len + 2);
 	assert_non_null(v8);
@@ -1352,14 +1363,7 @@ test_version_9_trees(void **state)
 	 * bytes. */
 	for (uint32_t i = 0; i < d->nmodels; i++)
 		set_tree(&d->models[i], NULL, 0, 0, NULL, 0);
-	for (uint32_t i = 1; i < d->nmodels; i++) {
-		strip_artifacts(&d->models[i]);
-		strip_generations(&d->models[i]);
-		free(d->models[i].name);
-		free(d->models[i].path);
-	}
-	d->nmodels = 1;
-	buf = encode(d, &len);
+	buf = encode_first_model(d, &len);
 	assert_int_equal(buf[8], FDSTORE_VERSION_NO_WAITS);
 	v9 = calloc(1, len + 4);
 	assert_non_null(v9);
