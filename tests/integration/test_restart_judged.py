@@ -1,14 +1,12 @@
 """A warm restart's own loads are wcached's, never the operator's word
-(review rev204 H2, H3): a model the restart could not restore, and a model
-described with no current generation (its load failed, or its generation
-was gone from its server), are loaded as a reload wcached makes by itself,
-judged against the tree (or place) the file descriptor store recorded for
-them: the tree of the generation that served, or the tree or place the
-operator's last load of it found. What a neighbour (or the model's own
-deployer) put at the model's path while wcached was down waits for the
-operator's `wcachectl reload NAME`; the operator's own update in a private
-place loads as before. Run as root (wcached and the neighbours run as other
-users)."""
+(review rev204 H2; H3's tests are test_rev204.py's): a model the restart
+could not restore is loaded as a reload wcached makes by itself, judged
+against the tree the file descriptor store recorded for it (format version
+9): the tree its stored generation was loaded from. What the model's own
+deployer put at its path while wcached was down (his link to root's
+private model) waits for the operator's `wcachectl reload NAME`; the
+deployer's own update in his tree loads as before. Run as root (wcached
+and the neighbours run as other users)."""
 import os
 import re
 import time
@@ -17,7 +15,7 @@ import pytest
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl, model_entry
-from test_reload_refused import SECRET_BYTES, remote_place, secret_never_served
+from test_reload_refused import SECRET_BYTES, secret_never_served
 from test_tree_places import (BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager, as_bob,
                               made_by, roots_private_model)
 from test_warm_restart import ready, start
@@ -26,17 +24,15 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
 
 USER = (DAEMON_UID, WCACHED_GID)
-STORED_NONE = (r'model "llama": not restored: no current generation was stored; .*as a '
-               r'reload wcached makes by itself')
 
 
-def restart_with(tmp_path, models, started, while_down, daemon_dir=None):
+def restart_with(tmp_path, models, started, while_down):
     """Starts wcached under a fake service manager, runs started(d) once
     the description is stored, stops it, runs while_down(), starts it again
     warm and returns (d, mgr) (the caller stops both)."""
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     os.chmod(mgr.path, 0o666)
-    d = Daemon(daemon_dir or tmp_path, models, user=USER, nofile=1024)
+    d = Daemon(tmp_path, models, user=USER, nofile=1024)
     start(d, mgr, user=USER)
     started(d, mgr)
     assert d.stop() == 0, d.read_log()
@@ -66,18 +62,6 @@ def waits_then_operator_loads(d, what):
                    timeout=60)
     assert "waits_for_reload" not in model_entry(d, "llama")
     print(d.read_log())
-
-
-def nothing_stored_waits(d, mgr):
-    """llama, described with no current generation, was judged against
-    what its description recorded (the restart's line says so) and waits
-    (waits_then_operator_loads); stops d and mgr."""
-    try:
-        waits_then_operator_loads(d, "by a warm restart")
-        assert re.search(STORED_NONE, d.read_log()), d.read_log()
-    finally:
-        d.stop()
-        mgr.close()
 
 
 def bobs_home_model(tmp_path):
@@ -146,73 +130,3 @@ def test_the_deployers_own_update_at_a_warm_restart_loads(tmp_path):
         mgr.close()
 
 
-def test_a_model_nothing_serves_is_judged_at_a_warm_restart(tmp_path):
-    """rev204 H3: shared (2775) holds root's model directory llama and
-    root's private secret. bob renames llama aside before wcached starts:
-    its load fails, nothing serves it, and the store describes it with no
-    generation but the place the operator's load found nothing at. While
-    wcached restarts warm, bob renames secret at llama: the restart's load
-    is judged against that place (others may rename entries there): it
-    waits for the operator."""
-    shared = made_by(tmp_path / "shared", 0, 0o2775)
-    llama = made_by(os.path.join(shared, "llama"), 0)
-    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    roots_private_model(os.path.join(shared, "secret"))
-    as_bob("mv llama llama.x", shared)
-
-    def started(d, mgr):
-        d.wait_for_log(r'model "llama": .*No such file or directory')
-        mgr.wait_for(lambda m: "wc-desc" in m.store, what="description stored")
-        time.sleep(0.5)
-    nothing_stored_waits(*restart_with(tmp_path, {"llama": llama}, started,
-                                       lambda: as_bob("mv secret llama", shared)))
-
-
-def test_a_model_made_in_a_private_place_while_down_loads_at_a_warm_restart(tmp_path):
-    """Control: the operator's model whose load at start failed (its
-    directory not made yet) in her private place, made while wcached
-    restarts: the restart's judged load takes it there."""
-    models = made_by(tmp_path / "models", 0, 0o755)
-    llama = os.path.join(models, "llama")
-
-    def started(d, mgr):
-        d.wait_for_log(r'model "llama": .*No such file or directory')
-        mgr.wait_for(lambda m: "wc-desc" in m.store, what="description stored")
-        time.sleep(0.5)
-
-    def while_down():
-        made_by(llama, 0)
-        mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    d, mgr = restart_with(tmp_path, {"llama": llama}, started, while_down)
-    try:
-        _, line = d.wait_for_log(r'model "llama": (generation \d+ from|its path)', timeout=60)
-        assert re.search(r"generation \d+ from", line), d.read_log()
-        assert "waits_for_reload" not in model_entry(d, "llama")
-    finally:
-        d.stop()
-        mgr.close()
-
-
-def test_a_gone_remote_generation_is_judged_at_a_warm_restart(tmp_path):
-    """rev204 H3, rev203 H3's layout (remote 2775 place, stage = no,
-    polled): bob removes llama's file, the poll finds generation 1 gone
-    (not stored); while wcached restarts warm bob renames root's private
-    secret at llama: the restart's load is judged against generation 1's
-    tree (another directory at its path now): it waits."""
-    from remotefs import RemoteFS
-    backing, mnt, shared = remote_place(tmp_path)
-    llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
-    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    roots_private_model(os.path.join(shared, "secret"))
-    models = {"llama": (str(mnt / "shared" / "llama"), {"poll_interval": "2", "stage": "no"})}
-    with RemoteFS(backing, mnt, attr_timeout=0.1):
-        def started(d, mgr):
-            wait_until(lambda: ready(d, "llama"), what="ready")
-            as_bob("rm llama/model.safetensors", shared)
-            d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
-                           timeout=60)
-            time.sleep(1)
-        nothing_stored_waits(*restart_with(
-            tmp_path, models, started,
-            lambda: as_bob("mv llama llama.x && mv secret llama", shared),
-            daemon_dir=tmp_path / "d"))
