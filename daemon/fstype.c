@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,17 +126,33 @@ fstype_classify_name(const char *type, struct fs_info *out)
 
 /* One mountinfo line's device and filesystem type (type has 64 bytes):
  * 0, or -1 when the line does not name both. Fields: id parent
- * major:minor root mountpoint options... - type source superoptions. */
+ * major:minor root mountpoint options... - type source superoptions.
+ * *user is the UID of a FUSE mount's user_id=UID super option, -1 where
+ * there is none (or it is not a number). */
 static int
-parse_mount(const char *line, dev_t *dev, char *type)
+parse_mount(const char *line, dev_t *dev, char *type, long *user)
 {
 	unsigned maj, min;
-	const char *sep = strstr(line, " - ");
+	const char *sep = strstr(line, " - "), *opt;
+	char *end;
+	int n = 0;
 
 	if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL ||
-		sscanf(sep + 3, "%63s", type) != 1)
+		sscanf(sep + 3, "%63s %*s %n", type, &n) != 1)
 		return -1;
 	*dev = makedev(maj, min);
+	*user = -1;
+	/* ",user_id=" or at the super options' start: no other option's tail */
+	for (opt = n > 0 ? sep + 3 + n : NULL; opt != NULL && *opt != '\0';
+		opt = strchr(opt, ',') != NULL ? strchr(opt, ',') + 1 : NULL)
+		if (strncmp(opt, "user_id=", 8) == 0 && opt[8] >= '0' && opt[8] <= '9') {
+			errno = 0;
+			*user = strtol(opt + 8, &end, 10);
+			if (errno != 0 || (*end != ',' && *end != '\0' && *end != ' ') ||
+				*user > (long)INT32_MAX)
+				*user = -1;
+			break;
+		}
 	return 0;
 }
 
@@ -144,9 +161,10 @@ static int
 add_mount(struct fs_mounts *t, const char *line)
 {
 	char type[64];
+	long user;
 	dev_t dev;
 
-	if (parse_mount(line, &dev, type) < 0)
+	if (parse_mount(line, &dev, type, &user) < 0)
 		return 0;
 	if (t->n == t->cap) {
 		size_t more = t->cap ? t->cap * 2 : 64;
@@ -159,6 +177,10 @@ add_mount(struct fs_mounts *t, const char *line)
 	}
 	t->mounts[t->n].dev = dev;
 	fstype_classify_name(type, &t->mounts[t->n].fs);
+	if (user > 0 && strcmp(t->mounts[t->n].fs.name, "fuse") == 0) {
+		t->mounts[t->n].fs.user_mount = true;
+		t->mounts[t->n].fs.mounter = (uid_t)user;
+	}
 	t->n++;
 	return 0;
 }

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -275,7 +276,7 @@ static int
 is_file_at(struct gen_tree *t, const char *name, const struct stat *st)
 {
 	char *rel = NULL;
-	struct stat now;
+	struct statx now;
 	int fd = -1, same;
 
 	if (t->nosys) {
@@ -290,11 +291,16 @@ is_file_at(struct gen_tree *t, const char *name, const struct stat *st)
 		rel = NULL;
 	fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, 0) :
 		-1;
-	same = fd >= 0 && fstat(fd, &now) == 0;
+	/* Its device and inode, asking no server: a link renamed over the
+	 * name may lead to a neighbour's FUSE mount that never answers (review
+	 * rev205 M3). */
+	same = fd >= 0 &&
+		statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &now) == 0;
 	if (fd >= 0)
 		close(fd);
 	free(rel);
-	return same && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+	return same && makedev(now.stx_dev_major, now.stx_dev_minor) == st->st_dev &&
+		now.stx_ino == st->st_ino;
 }
 
 /* Whether the file opened as file_path, whose fstat is st, is at its place

@@ -239,7 +239,8 @@ static int
 check_models(const struct config *cfg)
 {
 	struct model_source s;
-	int bad = 0;
+	char why[512];
+	int bad = 0, fd;
 
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
@@ -247,6 +248,13 @@ check_models(const struct config *cfg)
 		struct index_header h;
 
 		snprintf(prefix, sizeof(prefix), "model \"%s\": ", m->name);
+		if ((fd = mountrule_open(m->path, why, sizeof(why))) == -EXDEV) {
+			print_message(stderr, prefix, why);
+			bad = 1;
+			continue;
+		}
+		if (fd >= 0)
+			close(fd);
 		if (source_open(m->path, &s) < 0) {
 			print_message(stderr, prefix, error_get());
 			bad = 1;

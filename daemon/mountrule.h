@@ -18,6 +18,30 @@
 #ifndef WC_MOUNTRULE_H
 #define WC_MOUNTRULE_H
 
+#include <stddef.h>
+#include <sys/stat.h>
+
+/*
+ * A model's configured path, walked one name at a time (links followed,
+ * as the kernel would, at most 40) without looking anything up in a
+ * FUSE filesystem a user mounted (fusermount3: a neighbour may mount one
+ * on any directory he may write, the model's own directory or one above
+ * it included, or on a file of his that a link he renamed in leads to;
+ * its server may never answer): each mount crossed is judged from its
+ * device (statx AT_STATX_DONT_SYNC: no server asked) and the mount table
+ * before anything on it is looked up (review rev205 H1, H2). root's own
+ * FUSE and network mounts, and wcached's user's, are walked as stat(2)
+ * walks them.
+ * mountrule_open: an O_PATH descriptor of what path names; -EXDEV with
+ * why set (one line naming the mount) where a user's FUSE mount is met;
+ * else -errno as open(2) would fail.
+ * mountrule_stat: stat(2) of path, by the walk and fstat(2) of that very
+ * file (no second walk a link could be renamed into): 0, or -1 and errno
+ * (EXDEV for a user's FUSE mount).
+ */
+int mountrule_open(const char *path, char *why, size_t len);
+int mountrule_stat(const char *path, struct stat *st);
+
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
  * rule. Once, at start. */
 void mountrule_install(void);

@@ -43,6 +43,7 @@
 #include "format/shards.h"
 #include "format/tree.h"
 #include "log.h"
+#include "mountrule.h"
 #include "pages.h"
 #include "proto/memfds.h"
 #include "registry_internal.h"
@@ -1376,14 +1377,15 @@ same_path_seen(int err1, const struct stat *st1, int err2, const struct stat *st
 static void
 note_failed_path(struct load_request *q)
 {
-	char *dir = NULL;
+	char *dir = NULL, why[8];
 	struct stat st = { 0 };
-	int fd = open(q->path, O_PATH | O_CLOEXEC), on_path = fd >= 0;
+	int fd = mountrule_open(q->path, why, sizeof(why)), on_path = fd >= 0;
 
-	/* One lookup of the path: its stat is what a poll compares with. */
-	q->path_err = on_path ? 0 : errno;
-	if (!on_path && (dir = path_dir(q->path)) != NULL)
-		fd = open(dir[0] != '\0' ? dir : ".", O_PATH | O_CLOEXEC);
+	/* One lookup of the path (none into a user's FUSE mount): its stat is
+	 * what a poll compares with. */
+	q->path_err = on_path ? 0 : -fd;
+	if (!on_path && fd != -EXDEV && (dir = path_dir(q->path)) != NULL)
+		fd = mountrule_open(dir[0] != '\0' ? dir : ".", why, sizeof(why));
 	free(dir);
 	q->path_noted = 1;
 	if (fd >= 0) {
@@ -1753,10 +1755,20 @@ static void
 load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
-	char *resolved = realpath(q->path, NULL);
 	struct gen_found_tree found = { .operators = q->reload != RELOAD_WATCHED };
+	char *resolved, why[sizeof(q->message)];
+	int fd = mountrule_open(q->path, why, sizeof(why));
 
-	q->opened_known = stat(q->path, &q->opened_st) == 0;
+	if (fd == -EXDEV) { /* a user's FUSE mount on the path: not walked again */
+		q->status = error_set(-EXDEV, "%s", why);
+		snprintf(q->message, sizeof(q->message), "%s", why);
+		note_failed_path(q);
+		return;
+	}
+	if (fd >= 0)
+		close(fd);
+	resolved = realpath(q->path, NULL);
+	q->opened_known = mountrule_stat(q->path, &q->opened_st) == 0;
 	if (q->reload != RELOAD_WATCHED)
 		find_operator_tree(q, resolved);
 	if ((q->status = open_model(q, q->path)) < 0) {

@@ -29,6 +29,7 @@
 #include "fdstore.h"
 #include "format/index.h"
 #include "generation.h"
+#include "mountrule.h"
 #include "proto/memfds.h"
 #include "restore_internal.h"
 #include "stage.h"
@@ -41,7 +42,7 @@ files_dir(const char *path, char **dir)
 	struct stat st;
 	char *d;
 
-	if (stat(path, &st) == -1)
+	if (mountrule_stat(path, &st) == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
 	if (d == NULL)
@@ -221,7 +222,7 @@ check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, c
 	struct stat st;
 	int same;
 
-	if (stat(full, &st) == -1) {
+	if (mountrule_stat(full, &st) == -1) {
 		if (g->role == FDSTORE_CURRENT)
 			return error_set(-EINVAL, "%s, staged from, is gone", full);
 		described_origin(f, &st);
@@ -301,7 +302,7 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 		free(full);
 		return -EINVAL;
 	} else if (g->role == FDSTORE_CURRENT && !p->moved &&
-		(stat(full, &st) == -1 || file_changed(&st, f) != NULL)) {
+		(mountrule_stat(full, &st) == -1 || file_changed(&st, f) != NULL)) {
 		/* Another file at its name (a held generation's files were
 		 * replaced: that is why it is old); the stored one is intact
 		 * (its fstat above): served, and the path loaded after it as a

@@ -44,6 +44,7 @@
 #include "base/file.h"
 #include "generation.h"
 #include "log.h"
+#include "mountrule.h"
 #include "watch_internal.h"
 
 struct poll_job {
@@ -136,7 +137,7 @@ poll_work(struct workq_job *work)
 
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	for (size_t i = 0; i < j->npaths; i++)
-		j->err[i] = stat(j->paths[i], &j->st[i]) == 0 ? 0 : errno;
+		j->err[i] = mountrule_stat(j->paths[i], &j->st[i]) == 0 ? 0 : errno;
 	for (size_t i = 0; i < j->nfds; i++)
 		j->fd_err[i] = fstat(j->fds[i], &st) == 0 ? 0 : errno;
 	clock_gettime(CLOCK_MONOTONIC, &b);

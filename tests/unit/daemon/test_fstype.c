@@ -130,6 +130,38 @@ test_device_in_mountinfo(void **state)
 	assert_true(fstype_of_dev("/nonexistent/mountinfo", makedev(0, 45), &fs) < 0);
 }
 
+/* A FUSE mount a user made (fusermount3's user_id=UID super option, not
+ * 0) is told from root's own, and from another filesystem's user_id
+ * option or a name that merely ends in it (review rev205 H1). */
+static void
+test_users_fuse_mount(void **state)
+{
+	const char *path = mountinfo(
+		"50 22 0:50 / /team/m rw - fuse.hang hang rw,user_id=64112,group_id=64100\n"
+		"51 22 0:51 / /mnt/s3 rw - fuse.s3fs s3fs rw,user_id=0,group_id=0,allow_other\n"
+		"52 22 0:52 / /mnt/x rw - fuse x rw,group_id=5,user_id=1000\n"
+		"53 22 0:53 / /mnt/y rw - fuse y rw,xuser_id=7,user_id=12x\n"
+		"54 22 0:54 / /mnt/z rw - nfs4 srv:/e rw,user_id=9\n"
+		"55 22 0:55 / /mnt/w rw - fuse w rw,user_id=99999999999999999999\n"
+		"56 22 0:56 / /mnt/v rw - fuse\n");
+	struct fs_info fs;
+
+	(void)state;
+	assert_int_equal(fstype_of_dev(path, makedev(0, 50), &fs), 0);
+	assert_true(fs.user_mount);
+	assert_int_equal(fs.mounter, 64112);
+	assert_int_equal(fstype_of_dev(path, makedev(0, 51), &fs), 0);
+	assert_false(fs.user_mount);
+	assert_int_equal(fstype_of_dev(path, makedev(0, 52), &fs), 0);
+	assert_true(fs.user_mount);
+	assert_int_equal(fs.mounter, 1000);
+	for (unsigned minor = 53; minor <= 56; minor++) {
+		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_false(fs.user_mount);
+	}
+	unlink(path);
+}
+
 /* The mount table read once answers for each device what fstype_of_dev()
  * answers reading mountinfo again: the first line with the device, a line
  * without a type skipped, -ENOENT for a device no line names. */
@@ -355,6 +387,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_device_in_mountinfo),
+		cmocka_unit_test(test_users_fuse_mount),
 		cmocka_unit_test(test_mount_table),
 		cmocka_unit_test(test_mount_table_from_bytes),
 		cmocka_unit_test(test_own_mount_table),

@@ -68,6 +68,22 @@ __wrap_stat(const char *path, struct stat *st)
 	return __real_stat(path, st);
 }
 
+/* wcached's stat of a model's paths (mountrule.h): the same failure. */
+int __real_mountrule_stat(const char *path, struct stat *st);
+int __wrap_mountrule_stat(const char *path, struct stat *st);
+
+int
+__wrap_mountrule_stat(const char *path, struct stat *st)
+{
+	int e = atomic_load(&stat_errno);
+
+	if (e != 0 && stat_path != NULL && strcmp(path, stat_path) == 0) {
+		errno = e;
+		return -1;
+	}
+	return __real_mountrule_stat(path, st);
+}
+
 static atomic_int read_fd = -1; /* reads of this descriptor fail ... */
 static atomic_int read_errno;    /* ... with this errno (0: none), */
 static atomic_int read_fails;    /* ... so many times (-1: every time) */

@@ -1,0 +1,388 @@
+"""A neighbour's FUSE mount on a model's path, or beside it and reached by
+his link, holds no wcached thread (review rev205 H1, H2, M2, M3; the mounts
+*inside* a model's tree: test_load_neighbour_mounts).
+
+fusermount3 lets a user mount on a directory he may write that is not
+sticky-and-another's (a 2775 team directory: the model's own directory, or
+one above it) and on a file he may write; his server may never answer.
+wcached walks a model's path one name at a time and looks nothing up in a
+FUSE mount a user made (daemon/mountrule.h): the load, the operator's
+reload, `wcached --check`, the poll, the watch's stat and a warm restart's
+check refuse it with one line instead of waiting for good. The mounts are
+made with mount(2) as root with bob's user_id, as fusermount3 would make
+them for bob; the tests skip, saying why, without root or /dev/fuse.
+
+HangFS answers INIT and nothing else (no LOOKUP, GETATTR, OPENDIR, OPEN,
+STATFS...): the worst neighbour's server. Closing it fails what it left
+unanswered (a thread blocked on it goes on), so each test checks for
+blocked threads *while* the mount is there (fusehang.blocked_in_fuse).
+"""
+import ctypes
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import Daemon, mkmodel, wait_until
+from ctlutil import binary
+from test_watch_pending import ready
+from test_watch_writer_neighbours import BOB, neighbours_file
+from test_load_neighbour_mounts import team_model, error_of
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from fusehang import blocked_in_fuse, skip_reason  # noqa: E402
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_INIT, _FORGET, _BATCH_FORGET, _INTERRUPT = 26, 2, 42, 36
+_HDR_IN = struct.Struct("<IIQQIIII")
+
+
+class HangFS:
+    """A FUSE mount of bob's on target (a directory, or a regular file
+    where directory=False), allow_other, whose server answers INIT only."""
+
+    def __init__(self, target, uid, gid, directory=True):
+        self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        self.target = str(target)
+        self.ops, self.pending = [], []
+        mode = "040755" if directory else "100644"
+        opts = f"fd={self.fd},rootmode={mode},user_id={uid},group_id={gid},allow_other"
+        if _libc.mount(b"hangfs", self.target.encode(), b"fuse.hangfs", 0, opts.encode()):
+            e = ctypes.get_errno()
+            os.close(self.fd)
+            raise OSError(e, os.strerror(e), self.target)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 20)
+            except OSError:
+                return
+            _, op, unique, _, _, _, _, _ = _HDR_IN.unpack_from(buf)
+            if op == _INIT:
+                body = struct.pack("<IIIIHHIIHHI7I", 7, 31, 0, 0, 0, 0, 4096, 0, 0, 0, 0,
+                                   *([0] * 7))
+                os.write(self.fd, struct.pack("<IiQ", 16 + len(body), 0, unique) + body)
+            elif op not in (_FORGET, _BATCH_FORGET, _INTERRUPT):
+                self.ops.append(op)  # never answered (until close)
+                self.pending.append(unique)
+
+    def close(self):
+        """Fails every request left unanswered (EIO: the threads blocked
+        go on), then detaches the mount (its connection ends with it)."""
+        if self.fd < 0:
+            return
+        self._fail_pending()
+        subprocess.run(["umount", "-l", self.target], stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        self._fail_pending()  # sent meanwhile
+        os.close(self.fd)
+        self.fd = -1
+
+    def _fail_pending(self):
+        for unique in list(self.pending):
+            try:
+                os.write(self.fd, struct.pack("<IiQ", 16, -5, unique))
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def where(pid, stuck):
+    """Each stuck thread's kernel stack (for the report)."""
+    out = []
+    for tid, _ in stuck:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stack") as f:
+                out.append(f.read())
+        except OSError:
+            pass
+    return out
+
+
+def stuck_or(d, cond, timeout=20):
+    """Waits until cond() is true or a thread of wcached waits on a FUSE
+    server: the stuck threads ([] when none)."""
+    def done():
+        stuck = blocked_in_fuse(d.proc.pid)
+        return stuck or cond()
+    try:
+        wait_until(done, timeout=timeout, what="an outcome")
+    except Exception:  # noqa: BLE001 (nothing happened: judged below)
+        pass
+    time.sleep(1)
+    stuck = blocked_in_fuse(d.proc.pid)
+    if stuck and os.environ.get("REV205_WHERE"):
+        print("\n".join(where(d.proc.pid, stuck)), file=sys.stderr)
+    return stuck
+
+
+def test_a_neighbours_fuse_mount_on_the_team_directory_model_itself_hangs_nothing(tmp_path):
+    """m/, root's directory model (two shards, index), is a team directory
+    (2775, group 64100, bob a member): fusermount3 lets bob mount on it (he
+    may write it; it is not sticky). He holds a descriptor of m/ from
+    before, mounts his server over m/, and creates an entry through that
+    descriptor (an event on m/'s watch). The watched reload must not wait
+    on his server (a remote filesystem mounted on the tree's root by a
+    neighbour is not the operator's remote model)."""
+    mdir, _ = team_model(tmp_path)
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    stuck = []
+    try:
+        ready(d, "m", 1)
+        dfd = os.open(mdir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with HangFS(mdir, *BOB) as fs:
+                fd = os.open("bob.lock", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=dfd)
+                os.fchown(fd, *BOB)
+                os.close(fd)
+                stuck = stuck_or(d, lambda: error_of(d, "m"))
+                log = d.read_log()[-3000:]
+                ops = list(fs.ops)
+        finally:
+            os.close(dfd)
+        assert not stuck, ("wcached threads wait on bob's FUSE server (on m/ itself)",
+                           stuck, ops, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_the_operators_reload_of_a_team_directory_model_under_a_neighbours_mount(tmp_path):
+    """As above, with no event: the operator's `wcachectl reload m` (or a
+    restart) after bob mounted over m/ must fail with one line, not wait
+    for good."""
+    mdir, _ = team_model(tmp_path)
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(mdir, *BOB) as fs:
+            p = subprocess.Popen([binary("wcachectl"), "--control", d.control, "reload", "m"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            stuck = stuck_or(d, lambda: p.poll() is not None)
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        out = p.communicate(timeout=30)[0]
+        assert not stuck, ("the operator's reload waits on bob's server", stuck, ops, out,
+                           log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_a_neighbours_link_over_a_one_file_model_in_a_team_directory_hangs_nothing(tmp_path):
+    """m is one file, team/model.safetensors, in a team directory (2775,
+    bob a member). Bob renames a relative link `model.safetensors ->
+    bob-evil` over it, bob-evil his file with his FUSE server on it (no
+    answer to anything). README: wcached's own reloads there take only the
+    files serving; the reload must not wait on bob's server before
+    deciding so (load_work's realpath/stat of the path, source_open's
+    stat, source_read_magic's open: none under the tree rule)."""
+    why = skip_reason()
+    if why is not None:
+        pytest.skip(why)
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(tmp_path, 0o755)
+    mkmodel(str(team / "model.safetensors"))
+    os.chown(team, 0, BOB[1])
+    os.chmod(team, 0o2775)
+    evil = team / "bob-evil"
+    neighbours_file(evil, b"x")
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(evil, *BOB, directory=False) as fs:
+            link = team / ".bob-link"
+            os.symlink("bob-evil", link)
+            os.lchown(link, *BOB)
+            os.rename(link, team / "model.safetensors")  # bob may: 2775, not sticky
+            stuck = stuck_or(d, lambda: error_of(d, "m"))
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_a_neighbours_link_into_his_fuse_directory_inside_the_tree_hangs_nothing(tmp_path):
+    """A guard (passed before): m/ a team directory model; bob
+    makes his directory bobdir/ in it, mounts his server on it (a
+    directory: fusehang mounts files only), and renames a link
+    `<shard> -> bobdir/x` over a shard. Expected (README): refused, naming
+    the mount; nothing waits."""
+    mdir, shards = team_model(tmp_path)
+    bobdir = mdir / "bobdir"
+    bobdir.mkdir()
+    os.chown(bobdir, *BOB)
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(bobdir, *BOB) as fs:
+            link = mdir / ".bob-link"
+            os.symlink("bobdir/x", link)
+            os.lchown(link, *BOB)
+            os.rename(link, mdir / shards[0][0])
+            stuck = stuck_or(d, lambda: error_of(d, "m"))
+            err = error_of(d, "m")
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, log)
+        assert err is not None and shards[0][0] in err, (err, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_a_neighbours_link_over_a_shard_of_a_polled_team_model_hangs_nothing(tmp_path):
+    """test_load_neighbour_mounts' link over a shard (2775 team directory),
+    with watch = poll on the model (a local model polled too: README): the
+    reload is refused (test_load_neighbour_mounts), and the poll's stat of
+    every path of the model, which followed bob's link and waited on his
+    server, refuses it too."""
+    mdir, shards = team_model(tmp_path)
+    evil = mdir / "bob-evil"
+    neighbours_file(evil, b"x")
+    d = Daemon(tmp_path, {"m": (str(mdir), {"watch": "poll", "poll_interval": "0.2"})}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(evil, *BOB, directory=False) as fs:
+            link = mdir / ".bob-link"
+            os.symlink("bob-evil", link)
+            os.lchown(link, *BOB)
+            os.rename(link, mdir / shards[0][0])
+            wait_until(lambda: error_of(d, "m"), timeout=20, what="m's error")
+            stuck = stuck_or(d, lambda: False, timeout=5) if not blocked_in_fuse(
+                d.proc.pid) else blocked_in_fuse(d.proc.pid)
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_a_neighbours_fuse_mount_on_the_team_directory_above_the_tree_hangs_nothing(tmp_path):
+    """team/ (2775, bob a member) holds root's directory model m/ (0755):
+    bob cannot write m/, but may mount on team/ (writable, not sticky).
+    With a descriptor of team/ from before, he mounts his server over
+    team/ and, through it, renames m/ away and back (2775, not sticky: he
+    may; m/ is the same directory after). The reload that follows walks
+    /.../team/m: LOOKUP of m in his server. (An entry of another name in
+    team/ reloads nothing: m/ is not reloaded for it.)"""
+    why = skip_reason()
+    if why is not None:
+        pytest.skip(why)
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(tmp_path, 0o755)
+    mdir = team / "m"
+    mdir.mkdir()
+    mkmodel(str(mdir / "model.safetensors"))
+    os.chown(team, 0, BOB[1])
+    os.chmod(team, 0o2775)
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    try:
+        ready(d, "m", 1)
+        dfd = os.open(team, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with HangFS(team, *BOB) as fs:
+                os.rename("m", ".m-bob", src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.rename(".m-bob", "m", src_dir_fd=dfd, dst_dir_fd=dfd)
+                stuck = stuck_or(d, lambda: error_of(d, "m"))
+                log = d.read_log()[-3000:]
+                ops = list(fs.ops)
+        finally:
+            os.close(dfd)
+        assert not stuck, ("wcached threads wait on bob's FUSE server (above m/)", stuck,
+                           ops, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_wcached_check_of_a_one_file_team_model_behind_a_neighbours_link_ends(tmp_path):
+    """H2's layout, and the operator's `wcached --check` of the config (what
+    wcached(8) advises before a restart): it must end with one line, not
+    wait on bob's server for good (SIGINT does not end a FUSE wait)."""
+    why = skip_reason()
+    if why is not None:
+        pytest.skip(why)
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(tmp_path, 0o755)
+    mkmodel(str(team / "model.safetensors"))
+    os.chown(team, 0, BOB[1])
+    os.chmod(team, 0o2775)
+    evil = team / "bob-evil"
+    neighbours_file(evil, b"x")
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")})
+    d.start()
+    assert d.stop() == 0  # only its config is wanted
+    with HangFS(evil, *BOB, directory=False):
+        link = team / ".bob-link"
+        os.symlink("bob-evil", link)
+        os.lchown(link, *BOB)
+        os.rename(link, team / "model.safetensors")
+        p = subprocess.Popen([binary("wcached"), "-c", d.conf, "--check"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            out = p.communicate(timeout=15)[0]
+        except subprocess.TimeoutExpired:
+            stuck = blocked_in_fuse(p.pid)
+            p.kill()
+            out = None
+    assert out is not None, ("wcached --check waits on bob's FUSE server", stuck)
+
+
+def test_a_warm_restart_after_a_neighbours_link_over_a_shard_hangs_nothing(tmp_path):
+    """test_load_neighbour_mounts' link over a shard (a team directory
+    model, bob's relative link `<shard> -> bob-evil` renamed over a shard,
+    bob-evil his FUSE file; here his server answers nothing), made while
+    wcached restarts warm
+    (systemd's file descriptor store): the restore's check of generation
+    1's files by path (restore_check.c) must not wait on his server."""
+    from test_warm_restart import start
+    from fakemanager import FakeManager
+    mdir, shards = team_model(tmp_path)
+    evil = mdir / "bob-evil"
+    neighbours_file(evil, b"x")
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"m": str(mdir)})
+    stuck, err = [], None
+    try:
+        start(d, mgr)
+        ready(d, "m", 1)
+        mgr.wait_for(lambda m: "wc-desc" in m.store and any(
+            k.startswith("wc-1-") and k.endswith("-i") for k in m.store),
+            what="m's generation stored")
+        assert d.stop() == 0, d.read_log()
+        with HangFS(evil, *BOB, directory=False) as fs:
+            link = mdir / ".bob-link"
+            os.symlink("bob-evil", link)
+            os.lchown(link, *BOB)
+            os.rename(link, mdir / shards[0][0])
+            fds, names = mgr.listen_fds()
+            try:
+                start(d, mgr, fds, names)
+            except Exception as e:  # noqa: BLE001 (a start that never listens)
+                err = e
+            stuck = stuck_or(d, lambda: error_of(d, "m") if err is None else True, timeout=15)
+            try:
+                answers = subprocess.run([binary("wcachectl"), "--control", d.control,
+                                          "status"], capture_output=True, text=True,
+                                         timeout=5).stdout
+            except subprocess.TimeoutExpired:
+                answers = "wcachectl status: no answer in 5 s (the loop is held)"
+            log = d.read_log()[-3000:] + "\n" + answers
+            ops = list(fs.ops)
+        assert not stuck, ("the warm restart waits on bob's server", stuck, ops, err, log)
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()[-3000:]
