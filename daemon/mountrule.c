@@ -45,63 +45,6 @@ dev_ok(dev_t dev, char *why, size_t len)
 	return 0;
 }
 
-/* Undoes mountinfo's octal escapes (\040 a space) of s in place. */
-static void
-unescape(char *s)
-{
-	char *o = s;
-
-	for (; *s != '\0'; s++, o++) {
-		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' && s[2] <= '7' &&
-			s[3] >= '0' && s[3] <= '7') {
-			*o = (char)((s[1] - '0') * 64 + (s[2] - '0') * 8 + (s[3] - '0'));
-			s += 3;
-		} else {
-			*o = *s;
-		}
-	}
-	*o = '\0';
-}
-
-/* tree_mounts' remote_beneath: whether the mount table lists a remote
- * filesystem mounted beneath root (1, why naming it), or 0; -errno when
- * the table cannot be read (why says so). */
-static int
-remote_beneath(const char *root, char *why, size_t len)
-{
-	FILE *f = fopen(MOUNTINFO, "re");
-	size_t n = strlen(root), cap = 0;
-	char *line = NULL;
-	int found = 0;
-
-	if (f == NULL) {
-		int e = errno;
-
-		snprintf(why, len, "%s cannot tell what is mounted there (%s)", MOUNTINFO,
-			strerror(e));
-		return -e;
-	}
-	while (!found && getline(&line, &cap, f) > 0) {
-		char point[4096], type[64];
-		const char *dash = strstr(line, " - ");
-		struct fs_info fs;
-
-		if (dash == NULL || sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1 ||
-			sscanf(dash + 3, "%63s", type) != 1)
-			continue;
-		unescape(point);
-		fstype_classify_name(type, &fs);
-		if (fs.remote && strncmp(point, root, n) == 0 &&
-			(point[n] == '/' || (n == 1 && point[1] != '\0'))) {
-			snprintf(why, len, "a %s mount lies beneath it at %s", fs.name, point);
-			found = 1;
-		}
-	}
-	free(line);
-	fclose(f);
-	return found;
-}
-
 /* shards_name_rule: a name in a directory model's directory dfd counts as
  * a model file unless a remote filesystem is mounted on it (a link there
  * is the opener's to judge: tree_mounts). statx(2) with AT_SYMLINK_NOFOLLOW
@@ -257,7 +200,7 @@ mountrule_stat(const char *path, struct stat *st)
 	return e == 0 ? 0 : -1;
 }
 
-static const struct tree_mounts rule = { dev_ok, remote_beneath };
+static const struct tree_mounts rule = { dev_ok };
 
 void
 mountrule_install(void)

@@ -299,57 +299,149 @@ tree_openat2(int at, const char *rel, unsigned long long flags, unsigned long lo
 	return (int)fd;
 }
 
+#define WALK_LINKS 40
+#define WALK_DEPTH 256
+
+/*
+ * open_across's walk of rel beneath t, one name at a time, each looked
+ * up (O_PATH|O_NOFOLLOW) in the directory before it, which is on the
+ * tree's filesystem or on a mount dev_ok took: a mount crossed is stepped
+ * onto with O_PATH only (nothing opened or looked up on it), and judged
+ * by its device (statx AT_STATX_DONT_SYNC: no server asked) before any
+ * name is looked up in it. ".." is the directory the walk came from (the
+ * walk's own stack: a ".." above the tree's root leaves it); a link is
+ * read (readlinkat) and its text walked in its place, at most 40; an
+ * absolute one leaves the tree. Nothing to race: no table is read before
+ * the walk, and no path is walked twice (review rev205 H3). The judged
+ * file's O_PATH descriptor; -1 and errno EXDEV where rel leaves the tree
+ * (for the caller to explain), or another errno; -2 with the message set
+ * where dev_ok refused a mount.
+ */
+static int
+walk_judged(const struct model_tree *t, const char *rel, const char *path)
+{
+	int stack[WALK_DEPTH], depth = 0, links = 0, fd = -1, e, r = -1;
+	char *rest = malloc(2 * PATH_MAX + 2), *p, *name, why[128], target[PATH_MAX];
+	dev_t devs[WALK_DEPTH], dev;
+	struct statx sx;
+	size_t n;
+
+	if (rest == NULL) {
+		errno = ENOMEM;
+		return -1;
+	}
+	stack[0] = t->fd;
+	if (statx(t->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
+		goto out;
+	devs[0] = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	snprintf(rest, 2 * PATH_MAX + 2, "%s", rel);
+	for (p = rest;;) {
+		while (*p == '/')
+			p++;
+		if (*p == '\0') {
+			errno = EISDIR; /* rel names a directory: no model file */
+			goto out;
+		}
+		name = p;
+		p += strcspn(p, "/");
+		if (*p != '\0')
+			*p++ = '\0';
+		if (strcmp(name, ".") == 0)
+			continue;
+		if (strcmp(name, "..") == 0) {
+			if (depth == 0) {
+				errno = EXDEV;
+				goto out;
+			}
+			close(stack[depth--]);
+			continue;
+		}
+		if ((fd = tree_openat2(stack[depth], name, O_PATH | O_NOFOLLOW | O_CLOEXEC,
+			     RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)) == -1)
+			goto out;
+		if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
+			    STATX_TYPE, &sx) == -1)
+			goto out;
+		dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+		if (dev != devs[depth] && tree_mounts->dev_ok(dev, why, sizeof(why)) < 0) {
+			error_set(-EXDEV, "%s: lies on %s, across a mount inside the model's "
+				"tree %s: wcached does not open it (a FUSE or network server that "
+				"never answers an open would hold wcached; put the model's "
+				"directory itself there)", path, why, t->root);
+			r = -2;
+			goto out;
+		}
+		if (S_ISLNK(sx.stx_mode)) {
+			ssize_t k = readlinkat(fd, "", target, sizeof(target) - 1);
+
+			close(fd);
+			fd = -1;
+			if (k < 0)
+				goto out;
+			n = strlen(p);
+			if (++links > WALK_LINKS || target[0] == '/' ||
+				(size_t)k + 1 + n + 1 > 2 * PATH_MAX + 2) {
+				errno = links > WALK_LINKS ? ELOOP : target[0] == '/' ? EXDEV :
+					ENAMETOOLONG;
+				goto out;
+			}
+			memmove(rest + k + 1, p, n + 1);
+			memcpy(rest, target, (size_t)k);
+			rest[k] = '/';
+			p = rest;
+			continue;
+		}
+		while (*p == '/')
+			p++;
+		if (*p == '\0') {
+			r = fd; /* the file: judged */
+			fd = -1;
+			goto out;
+		}
+		if (!S_ISDIR(sx.stx_mode) || depth + 1 == WALK_DEPTH) {
+			errno = S_ISDIR(sx.stx_mode) ? ENAMETOOLONG : ENOTDIR;
+			goto out;
+		}
+		stack[++depth] = fd;
+		devs[depth] = dev;
+		fd = -1;
+	}
+out:
+	e = errno;
+	if (fd >= 0)
+		close(fd);
+	while (depth > 0)
+		close(stack[depth--]);
+	free(rest);
+	errno = e;
+	return r;
+}
+
 /*
  * tree_open_file's open of rel under tree_mounts, after its openat2 with
  * RESOLVE_NO_XDEV said EXDEV (a mount crossed, or a link out of the tree):
- * the file is reached again O_PATH (which opens nothing on its filesystem)
- * from the dentry cache only (RESOLVE_CACHED: a lookup that would ask a
- * filesystem fails EAGAIN instead, and so does a walk the cache cannot
- * finish, a link out of the tree's among them), or, where that cannot be,
- * by a plain walk once no remote mount lies beneath the tree
- * (remote_beneath: the walk then asks no remote server); its
- * device, asked with AT_STATX_DONT_SYNC (no server asked), must be one
- * dev_ok takes; only then is that very file opened (through its
- * /proc/self/fd link: no second walk a mount could be slipped into). 0
- * with *fd the descriptor, or -1 and errno (EXDEV: a link leaves the tree,
- * for the caller to explain); or -EXDEV or -errno with the message.
+ * the file is reached again by walk_judged, every mount on the way judged
+ * before anything on it is asked, and only then is that very file opened
+ * (through its /proc/self/fd link: no second walk a mount could be
+ * slipped into). 0 with *fd the descriptor, or -1 and errno (EXDEV: a
+ * link leaves the tree, for the caller to explain); or -EXDEV with the
+ * message.
  */
 static int
 open_across(const struct model_tree *t, const char *rel, const char *path, long *fd)
 {
-	unsigned long long beneath = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
-	char why[128] = "", proc[48];
-	struct statx sx;
+	char proc[48];
 	int p, e;
 
-	p = tree_openat2(t->fd, rel, O_PATH | O_CLOEXEC, beneath | RESOLVE_CACHED);
-	if (p == -1 && (errno == EAGAIN || errno == EINVAL)) {
-		if (tree_mounts->remote_beneath(t->root, why, sizeof(why)) != 0)
-			return error_set(-EXDEV, "%s: crosses a mount inside the "
-				"model's tree %s, or leaves it, and %s: wcached does not walk "
-				"it (a FUSE or network server that never answers would hold "
-				"wcached)", path, t->root, why);
-		p = tree_openat2(t->fd, rel, O_PATH | O_CLOEXEC, beneath);
-	}
+	if ((p = walk_judged(t, rel, path)) == -2)
+		return -EXDEV;
 	if ((*fd = p) == -1)
 		return 0;
-	if (statx(p, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1) {
-		e = errno;
-		close(p);
-		return error_set(-e, "%s: statx: %s", path, strerror(e));
-	}
-	if (tree_mounts->dev_ok(makedev(sx.stx_dev_major, sx.stx_dev_minor), why,
-		    sizeof(why)) < 0) {
-		close(p);
-		return error_set(-EXDEV, "%s: lies on %s, across a mount inside the model's "
-			"tree %s: wcached does not open it (a FUSE or network server that never "
-			"answers an open would hold wcached; put the model's directory itself "
-			"there)", path, why, t->root);
-	}
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", p);
 	*fd = file_openat(AT_FDCWD, proc, TREE_OPEN_FLAGS);
 	if (*fd == -1 && errno == ENOENT) /* no procfs: walked again */
-		*fd = tree_openat2(t->fd, rel, TREE_OPEN_FLAGS, beneath);
+		*fd = tree_openat2(t->fd, rel, TREE_OPEN_FLAGS,
+			RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
 	e = errno;
 	close(p);
 	errno = e;

@@ -103,18 +103,17 @@ extern bool tree_fd_hint;
  * wcached's rule for mounts inside a model's tree (NULL, libwcache's: a
  * mount is crossed like a directory, so that a shard bind-mounted into a
  * container's tree loads). Where set, a model file is opened with
- * RESOLVE_NO_XDEV, and one that crosses a mount only where its device is
- * told without asking any filesystem server and dev_ok takes it: a
- * neighbour's FUSE mount on a file or directory in a model's tree (whose
- * server may never answer an open) is never opened or walked into (review
- * rev202 H1). dev_ok: 0, or -errno with why ("fuse (a mount of its own)").
- * remote_beneath: whether a remote mount lies beneath root (1, with why
- * set; 0; or -errno, why set): asked where the path cannot be walked from
- * the dentry cache alone. Kernels without openat2 keep the fallback's walk.
+ * RESOLVE_NO_XDEV, and one that crosses a mount is reached again one name
+ * at a time, each mount crossed judged by its device (told without asking
+ * any filesystem server) before anything on it is looked up, and opened
+ * only where dev_ok takes every one: a neighbour's FUSE mount on a file or
+ * directory in a model's tree (whose server may never answer) is never
+ * opened or walked into (review rev202 H1, rev205 H3). dev_ok: 0, or
+ * -errno with why ("fuse (a mount of its own)"). Kernels without openat2
+ * keep the fallback's walk.
  */
 struct tree_mounts {
 	int (*dev_ok)(dev_t dev, char *why, size_t len);
-	int (*remote_beneath)(const char *root, char *why, size_t len);
 };
 extern const struct tree_mounts *tree_mounts;
 

@@ -386,3 +386,138 @@ def test_a_warm_restart_after_a_neighbours_link_over_a_shard_hangs_nothing(tmp_p
         status_code = d.stop()
         mgr.close()
     assert status_code == 0, d.read_log()[-3000:]
+
+
+FLIP = """
+import os, sys, time
+a, b, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+end = time.monotonic() + secs
+n = 0
+while time.monotonic() < end:
+    for _ in range(1000):
+        os.rename(a, b)
+        os.rename(b, a)
+    n += 2000
+print(n)
+"""
+
+
+def test_a_neighbours_fuse_directory_moved_into_the_tree_between_mountinfo_and_walk(tmp_path):
+    """A race open_across had (review rev205 H3; it no longer reads the
+    mount table before a plain walk, it walks one name at a time). Bob's
+    directory D holds his FUSE mount D/mnt (a directory; his server answers
+    nothing); a link `<shard> -> D/mnt/x` is renamed over a shard; bob moves
+    D in and out of m/ (his directory: he may; a directory holding a mount
+    point may be renamed) as fast as he can. A reload that sees D in m/ at
+    its first open (EXDEV), out of it at the mountinfo read (no remote
+    mount beneath m/), and in again at the plain walk LOOKUPs in bob's
+    server: the thread waits for good. Every rename is an event, so bob
+    gets as many tries as he likes (the watch's backoff slows him to one
+    try per 30 s at worst, never stops him).
+
+    The window is the rest of the mount table's parse after bob's line:
+    on a host with many mounts (a container host or a Kubernetes node has
+    hundreds; fuse.conf's mount_max lets bob add 1000 of his own) it is
+    wide. Here 300 tmpfs mounts outside the tree stand for them, so that
+    the test wins within its minute (without them it won 2 runs of 5)."""
+    mdir, shards = team_model(tmp_path)
+    out = tmp_path / "bobout"
+    out.mkdir()
+    os.chown(out, *BOB)
+    dd = out / "D"
+    dd.mkdir()
+    (dd / "mnt").mkdir()
+    os.chown(dd, *BOB)
+    os.chown(dd / "mnt", *BOB)
+    many = tmp_path / "many"
+    many.mkdir()
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    mounted = []
+    try:
+        ready(d, "m", 1)
+        with HangFS(dd / "mnt", *BOB) as fs:
+            for i in range(300):  # listed after bob's mount
+                (many / str(i)).mkdir()
+                if _libc.mount(b"tmpfs", str(many / str(i)).encode(), b"tmpfs", 0, None) == 0:
+                    mounted.append(many / str(i))
+            link = mdir / ".bob-link"
+            os.symlink("D/mnt/x", link)
+            os.lchown(link, *BOB)
+            os.rename(link, mdir / shards[0][0])
+            flip = subprocess.Popen([sys.executable, "-c", FLIP, str(dd), str(mdir / "D"),
+                                     "60"], stdout=subprocess.PIPE, text=True)
+            try:
+                stuck = stuck_or(d, lambda: flip.poll() is not None, timeout=70)
+            finally:
+                flip.kill()
+                flip.wait()
+            if os.path.lexists(mdir / "D"):
+                os.rename(mdir / "D", dd)
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, log)
+    finally:
+        for path in mounted:
+            _libc.umount2(str(path).encode(), 2)  # MNT_DETACH
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+EXCHANGE = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+d, a, b, secs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+end = time.monotonic() + secs
+i = 0
+while time.monotonic() < end:
+    # RENAME_EXCHANGE: the shard's name is root's file or bob's link, never missing
+    if libc.renameat2(dfd, a.encode(), dfd, b.encode(), 2) != 0:
+        sys.exit("renameat2: %d" % ctypes.get_errno())
+    i += 1
+    if i % 50 == 0:  # an event that reloads m (any entry)
+        fd = os.open("bob.lock", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=dfd)
+        os.close(fd)
+        os.unlink("bob.lock", dir_fd=dfd)
+    time.sleep(0.0005)
+if i % 2:
+    libc.renameat2(dfd, a.encode(), dfd, b.encode(), 2)
+"""
+
+
+def test_a_neighbours_link_swapped_over_a_shard_after_the_loads_open_hangs_nothing(tmp_path):
+    """Review rev205 H5: is_file_at (generation.c: gen_resolved_path, after
+    the load's open) opened each file's name again O_PATH and fstat'ed it
+    (asking bob's server); it takes the device and inode with
+    AT_STATX_DONT_SYNC now.
+    m/ a team directory model (2775); bob's file bob-evil there carries his
+    FUSE server (answers nothing); bob swaps (renameat2 RENAME_EXCHANGE,
+    he may: 2775, not sticky) a link `-> bob-evil` and root's shard at the
+    shard's name, back and forth, making an event now and then. A reload
+    that opened root's shard and then asks whether it is at its place
+    while the link is there fstats bob's file: GETATTR, never answered."""
+    mdir, shards = team_model(tmp_path)
+    evil = mdir / "bob-evil"
+    neighbours_file(evil, b"x")
+    d = Daemon(tmp_path, {"m": str(mdir)}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(evil, *BOB, directory=False) as fs:
+            link = mdir / ".bob-link"
+            os.symlink("bob-evil", link)
+            os.lchown(link, *BOB)
+            swap = subprocess.Popen([sys.executable, "-c", EXCHANGE, str(mdir), ".bob-link",
+                                     shards[0][0], "60"])
+            try:
+                stuck = stuck_or(d, lambda: swap.poll() is not None, timeout=70)
+            finally:
+                swap.kill()
+                swap.wait()
+            if os.path.islink(mdir / shards[0][0]):
+                os.rename(mdir / ".bob-link", mdir / ".keep")
+                os.rename(mdir / shards[0][0], mdir / ".bob-link")
+                os.rename(mdir / ".keep", mdir / shards[0][0])
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, log)
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]

@@ -162,10 +162,9 @@ setup_fallback(void **state)
 }
 
 /* wcached's rule for mounts (tree.h's tree_mounts), refusing every
- * device, and finding no remote mount beneath any tree (as wcached's
- * finds none beneath these): no test's tree crosses a mount, so no device
- * is ever asked about, and every open and every refusal is as without
- * the rule (a link that leaves the tree still named as such). */
+ * device: no test's tree crosses a mount, so no device is ever asked
+ * about, and every open and every refusal is as without the rule (a link
+ * that leaves the tree, walked one name at a time, still named as such). */
 static int dev_questions;
 
 static int
@@ -177,16 +176,7 @@ refuse_dev(dev_t dev, char *why, size_t len)
 	return -EXDEV;
 }
 
-static int
-no_remote_beneath(const char *root, char *why, size_t len)
-{
-	(void)root;
-	(void)why;
-	(void)len;
-	return 0;
-}
-
-static const struct tree_mounts refuse_all = { refuse_dev, no_remote_beneath };
+static const struct tree_mounts refuse_all = { refuse_dev };
 
 static int
 setup_mounts(void **state)
