@@ -178,14 +178,10 @@ def test_the_operators_reload_of_a_team_directory_model_under_a_neighbours_mount
         assert d.stop() == 0, d.read_log()[-3000:]
 
 
-def test_a_neighbours_link_over_a_one_file_model_in_a_team_directory_hangs_nothing(tmp_path):
-    """m is one file, team/model.safetensors, in a team directory (2775,
-    bob a member). Bob renames a relative link `model.safetensors ->
-    bob-evil` over it, bob-evil his file with his FUSE server on it (no
-    answer to anything). README: wcached's own reloads there take only the
-    files serving; the reload must not wait on bob's server before
-    deciding so (load_work's realpath/stat of the path, source_open's
-    stat, source_read_magic's open: none under the tree rule)."""
+def one_file_team_model(tmp_path):
+    """Skips without FUSE; else team/ (2775, group 64100, bob a member)
+    holding root's one-file model model.safetensors and bob's file
+    bob-evil: (team, bob-evil)."""
     why = skip_reason()
     if why is not None:
         pytest.skip(why)
@@ -197,6 +193,18 @@ def test_a_neighbours_link_over_a_one_file_model_in_a_team_directory_hangs_nothi
     os.chmod(team, 0o2775)
     evil = team / "bob-evil"
     neighbours_file(evil, b"x")
+    return team, evil
+
+
+def test_a_neighbours_link_over_a_one_file_model_in_a_team_directory_hangs_nothing(tmp_path):
+    """m is one file, team/model.safetensors, in a team directory (2775,
+    bob a member). Bob renames a relative link `model.safetensors ->
+    bob-evil` over it, bob-evil his file with his FUSE server on it (no
+    answer to anything). README: wcached's own reloads there take only the
+    files serving; the reload must not wait on bob's server before
+    deciding so (load_work's realpath/stat of the path, source_open's
+    stat, source_read_magic's open: none under the tree rule)."""
+    team, evil = one_file_team_model(tmp_path)
     d = Daemon(tmp_path, {"m": str(team / "model.safetensors")}).start()
     try:
         ready(d, "m", 1)
@@ -310,17 +318,7 @@ def test_wcached_check_of_a_one_file_team_model_behind_a_neighbours_link_ends(tm
     """H2's layout, and the operator's `wcached --check` of the config (what
     wcached(8) advises before a restart): it must end with one line, not
     wait on bob's server for good (SIGINT does not end a FUSE wait)."""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    team = tmp_path / "team"
-    team.mkdir()
-    os.chmod(tmp_path, 0o755)
-    mkmodel(str(team / "model.safetensors"))
-    os.chown(team, 0, BOB[1])
-    os.chmod(team, 0o2775)
-    evil = team / "bob-evil"
-    neighbours_file(evil, b"x")
+    team, evil = one_file_team_model(tmp_path)
     d = Daemon(tmp_path, {"m": str(team / "model.safetensors")})
     d.start()
     assert d.stop() == 0  # only its config is wanted
