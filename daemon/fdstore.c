@@ -665,8 +665,7 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 		if (strcmp(x->name, y->name) != 0 || strcmp(x->path, y->path) != 0 ||
 			x->slot != y->slot || x->last_generation != y->last_generation ||
 			x->ngenerations != y->ngenerations || x->nartifacts != y->nartifacts ||
-			(x->waits == NULL) != (y->waits == NULL) ||
-			(x->waits != NULL && strcmp(x->waits, y->waits) != 0) ||
+			!optional_equal(x->waits, y->waits) ||
 			!stored_tree_equal(&x->tree, &y->tree))
 			return 0;
 		for (uint32_t g = 0; g < x->ngenerations; g++)
