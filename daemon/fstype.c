@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 struct known_fs {
 	unsigned long magic;
@@ -273,6 +275,99 @@ fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
 	err = fstype_mounts_find(&t, dev, out);
 	fstype_mounts_free(&t);
 	return err;
+}
+
+/* Whether the mount table open at fd changed since it was opened (or
+ * since the last poll that said so): POLLPRI (with POLLERR) from the
+ * kernel; a poll that fails says yes. */
+static bool
+table_changed(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLPRI };
+	int r;
+
+	while ((r = poll(&p, 1, 0)) == -1 && errno == EINTR)
+		;
+	return r != 0;
+}
+
+/* The mount table, opened and read afresh into t: 0, or -errno (t as it
+ * was, its file closed). The file stays open: the kernel counts changes
+ * from its open, so what is read after can only be newer. */
+static int
+table_read(struct fs_table *t)
+{
+	struct fs_mounts m = { 0 };
+	size_t len = 0, cap = 0;
+	char *buf = NULL;
+	ssize_t n = 1;
+	int fd, err = 0;
+
+	if (t->fd >= 0)
+		close(t->fd);
+	if ((t->fd = fd = open(t->mountinfo, O_RDONLY | O_CLOEXEC)) == -1)
+		return -errno;
+	while (n > 0) {
+		if (len == cap) {
+			char *more = cap < (64u << 20) ? realloc(buf, cap ? cap * 2 : 65536) : NULL;
+
+			if (more == NULL) {
+				err = -ENOMEM;
+				break;
+			}
+			buf = more;
+			cap = cap ? cap * 2 : 65536;
+		}
+		while ((n = read(fd, buf + len, cap - len)) == -1 && errno == EINTR)
+			;
+		if (n < 0)
+			err = -errno;
+		else
+			len += (size_t)n;
+	}
+	if (err == 0)
+		err = fstype_mounts_add(&m, buf, len);
+	free(buf);
+	if (err < 0) {
+		fstype_mounts_free(&m);
+		close(fd);
+		t->fd = -1;
+		return err;
+	}
+	fstype_mounts_free(&t->mounts);
+	t->mounts = m;
+	t->reads++;
+	return 0;
+}
+
+int
+fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out)
+{
+	int err;
+
+	if ((t->fd < 0 || table_changed(t->fd)) && (err = table_read(t)) < 0)
+		return err;
+	err = fstype_mounts_find(&t->mounts, dev, out);
+	if (err == -ENOENT && !t->missed) {
+		t->missed = true;
+		if ((err = table_read(t)) < 0)
+			return err;
+		err = fstype_mounts_find(&t->mounts, dev, out);
+	}
+	return err;
+}
+
+void
+fstype_table_free(struct fs_table *t)
+{
+	if (t == NULL)
+		return;
+	if (t->fd >= 0)
+		close(t->fd);
+	t->fd = -1;
+	fstype_mounts_free(&t->mounts);
+	t->missed = false;
+	t->reads = 0;
 }
 
 static const char *const watch_names[] = {

@@ -85,6 +85,34 @@ int fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out
 /* Frees what t holds and empties it; an empty one (or NULL) is fine. */
 void fstype_mounts_free(struct fs_mounts *t);
 
+/*
+ * The mount table for a run of questions by one thread (a poll's walks of
+ * a model's paths): read once, and read again only when the kernel says
+ * the mount namespace changed since. The table file stays open, and
+ * poll(2) on it gives POLLPRI once a mount or unmount changed the
+ * namespace's mounts after it was opened (proc(5), /proc/PID/mounts):
+ * then a device the table lists may be another filesystem's now (anonymous
+ * device numbers are handed out again), and one it does not list may be
+ * mounted. Where poll cannot tell, the table is read again. A device the
+ * table does not list is asked once more after one reading again (a mount
+ * made between the reading and the walk), once per table.
+ */
+struct fs_table {
+	const char *mountinfo; /* the table's file: /proc/self/mountinfo */
+	int fd;                /* it, open since mounts was read; -1 before */
+	struct fs_mounts mounts;
+	bool missed;           /* read again for a device it did not list */
+	unsigned reads;        /* how often it was read (the unit tests') */
+};
+#define FS_TABLE_INIT(file) { .mountinfo = (file), .fd = -1 }
+
+/* What fstype_of_dev() says of dev, from t (read, or read again, as
+ * above). 0, -ENOENT, or -errno reading the table (-ENOMEM). */
+int fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out);
+
+/* Closes t's file and frees its table; t is then as FS_TABLE_INIT made it. */
+void fstype_table_free(struct fs_table *t);
+
 /* How a model's files are watched for updates (the "watch" key). */
 enum fs_watch {
 	FS_WATCH_AUTO = 0, /* inotify, plus polling on a remote filesystem */

@@ -248,7 +248,7 @@ check_models(const struct config *cfg)
 		struct index_header h;
 
 		snprintf(prefix, sizeof(prefix), "model \"%s\": ", m->name);
-		if ((fd = mountrule_open(m->path, why, sizeof(why))) == -EXDEV) {
+		if ((fd = mountrule_open(NULL, m->path, why, sizeof(why))) == -EXDEV) {
 			print_message(stderr, prefix, why);
 			bad = 1;
 			continue;

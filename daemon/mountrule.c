@@ -72,14 +72,13 @@ name_rule(int dfd, const char *name, char *why, size_t len)
 }
 
 /* Whether dev is a user's FUSE mount (not root's, nor wcached's user's):
- * why names it. Told from the mount table only. */
+ * why names it. Told from the mount table only (t's). */
 static bool
-users_fuse(dev_t dev, char *why, size_t len)
+users_fuse(struct fs_table *t, dev_t dev, char *why, size_t len)
 {
 	struct fs_info fs;
 
-	if (fstype_of_dev(MOUNTINFO, dev, &fs) < 0 || !fs.user_mount ||
-		fs.mounter == geteuid())
+	if (fstype_table_find(t, dev, &fs) < 0 || !fs.user_mount || fs.mounter == geteuid())
 		return false;
 	snprintf(why, len, "fuse (device %u:%u) mounted by uid %u", major(dev), minor(dev),
 		(unsigned)fs.mounter);
@@ -88,15 +87,17 @@ users_fuse(dev_t dev, char *why, size_t len)
 
 #define WALK_LINKS 40
 
-/* mountrule_open's walk: rest (a path, changed) from cur (owned). */
+/* mountrule_open's walk: rest (a path, changed) from cur (owned), *links
+ * links followed before (and after). */
 static int
-walk(char *rest, size_t cap, int cur, const char *path, char *why, size_t len)
+walk(struct fs_table *t, char *rest, size_t cap, int cur, int *links, const char *path,
+	char *why, size_t len)
 {
 	char target[PATH_MAX], *p = rest, *name, on[160];
 	struct statx sx;
-	int links = 0, fd, e;
+	int fd, e;
 	struct stat st;
-	dev_t dev;
+	dev_t dev, at;
 
 	if (fstat(cur, &st) == -1)
 		goto fail;
@@ -121,8 +122,8 @@ walk(char *rest, size_t cap, int cur, const char *path, char *why, size_t len)
 			errno = e;
 			goto fail;
 		}
-		if (makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev &&
-			users_fuse(makedev(sx.stx_dev_major, sx.stx_dev_minor), on, sizeof(on))) {
+		at = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+		if (at != dev && users_fuse(t, at, on, sizeof(on))) {
 			close(fd);
 			close(cur);
 			snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE "
@@ -138,8 +139,8 @@ walk(char *rest, size_t cap, int cur, const char *path, char *why, size_t len)
 				goto fail;
 			target[k] = '\0';
 			n = strlen(p);
-			if (++links > WALK_LINKS || (size_t)k + 1 + n + 1 > cap) {
-				errno = links > WALK_LINKS ? ELOOP : ENAMETOOLONG;
+			if (++*links > WALK_LINKS || (size_t)k + 1 + n + 1 > cap) {
+				errno = *links > WALK_LINKS ? ELOOP : ENAMETOOLONG;
 				goto fail;
 			}
 			memmove(rest + k + 1, p, n + 1);
@@ -157,7 +158,7 @@ walk(char *rest, size_t cap, int cur, const char *path, char *why, size_t len)
 		}
 		close(cur);
 		cur = fd;
-		dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+		dev = at;
 	}
 fail:
 	e = errno;
@@ -166,29 +167,144 @@ fail:
 	return -e;
 }
 
-int
-mountrule_open(const char *path, char *why, size_t len)
+/* walk() of the path's text from cur (owned): the descriptor, or -errno. */
+static int
+walk_text(struct fs_table *t, const char *text, size_t n, int cur, int *links,
+	const char *path, char *why, size_t len)
 {
-	size_t n = strlen(path), cap = 2 * PATH_MAX + 2;
+	size_t cap = 2 * PATH_MAX + 2;
 	char *rest;
-	int cur, r;
+	int r;
 
-	if (n >= PATH_MAX)
+	if (n >= PATH_MAX) {
+		close(cur);
 		return -ENAMETOOLONG;
-	if ((rest = malloc(cap)) == NULL)
+	}
+	if ((rest = malloc(cap)) == NULL) {
+		close(cur);
 		return -ENOMEM;
-	memcpy(rest, path, n + 1);
-	cur = open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-	r = cur < 0 ? -errno : walk(rest, cap, cur, path, why, len);
+	}
+	memcpy(rest, text, n);
+	rest[n] = '\0';
+	r = walk(t, rest, cap, cur, links, path, why, len);
 	free(rest);
 	return r;
 }
 
-int
-mountrule_stat(const char *path, struct stat *st)
+/* The directory a walk of path starts from (path absolute or not), owned:
+ * or -errno. */
+static int
+start_of(const char *path)
 {
-	char why[8];
-	int fd = mountrule_open(path, why, sizeof(why)), e;
+	int fd = open(path[0] == '/' ? "/" : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+
+	return fd < 0 ? -errno : fd;
+}
+
+void
+mountrule_walk_init(struct mountrule_walk *w)
+{
+	*w = (struct mountrule_walk){ .table = FS_TABLE_INIT(MOUNTINFO), .dir_fd = -1 };
+}
+
+void
+mountrule_walk_end(struct mountrule_walk *w)
+{
+	if (w == NULL)
+		return;
+	fstype_table_free(&w->table);
+	if (w->dir_fd >= 0)
+		close(w->dir_fd);
+	free(w->dir);
+	w->dir = NULL;
+	w->dir_fd = -1;
+	w->dir_links = 0;
+}
+
+/*
+ * The directory of path (its text before the last '/', dlen bytes),
+ * walked from the start, or from w's when it is that one: its descriptor
+ * (owned), *links the links followed to reach it; or -errno. A directory
+ * walked to becomes w's.
+ */
+static int
+dir_of(struct mountrule_walk *w, const char *path, size_t dlen, int *links, char *why,
+	size_t len)
+{
+	const char *text = dlen > 0 ? path : "/";
+	size_t n = dlen > 0 ? dlen : 1;
+	struct stat st;
+	char *copy;
+	int fd, dup;
+
+	if (w->dir != NULL && strlen(w->dir) == n && memcmp(w->dir, text, n) == 0) {
+		*links = w->dir_links;
+		fd = fcntl(w->dir_fd, F_DUPFD_CLOEXEC, 0);
+		return fd < 0 ? -errno : fd;
+	}
+	if ((fd = start_of(path)) < 0 ||
+		(fd = walk_text(&w->table, text, n, fd, links, path, why, len)) < 0)
+		return fd;
+	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && (copy = strndup(text, n)) != NULL) {
+		if ((dup = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+			free(copy);
+			return fd;
+		}
+		if (w->dir_fd >= 0)
+			close(w->dir_fd);
+		free(w->dir);
+		w->dir = copy;
+		w->dir_fd = dup;
+		w->dir_links = *links;
+	}
+	return fd;
+}
+
+/* mountrule_open in the run w: path's directory (w's, or walked and made
+ * w's), then its last name from there; a path with no directory, or whose
+ * last name is "", "." or "..", is walked whole. */
+static int
+open_in(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	const char *slash = strrchr(path, '/'), *base = slash != NULL ? slash + 1 : path;
+	int links = 0, fd;
+
+	if (strlen(path) >= PATH_MAX)
+		return -ENAMETOOLONG;
+	if (slash == NULL || base[0] == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
+		return (fd = start_of(path)) < 0 ? fd :
+			walk_text(&w->table, path, strlen(path), fd, &links, path, why, len);
+	if ((fd = dir_of(w, path, (size_t)(slash - path), &links, why, len)) < 0)
+		return fd;
+	return walk_text(&w->table, base, strlen(base), fd, &links, path, why, len);
+}
+
+int
+mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	struct mountrule_walk own;
+	int links = 0, r;
+	char none[8];
+
+	if (why == NULL || len == 0) {
+		why = none;
+		len = sizeof(none);
+	}
+	if (w != NULL)
+		return open_in(w, path, why, len);
+	/* A walk of its own: the whole path from the start. */
+	mountrule_walk_init(&own);
+	if ((r = start_of(path)) >= 0)
+		r = walk_text(&own.table, path, strlen(path), r, &links, path, why, len);
+	mountrule_walk_end(&own);
+	return r;
+}
+
+int
+mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why,
+	size_t len)
+{
+	int fd = mountrule_open(w, path, why, len), e;
 
 	if (fd < 0) {
 		errno = -fd;

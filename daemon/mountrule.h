@@ -21,6 +21,31 @@
 #include <stddef.h>
 #include <sys/stat.h>
 
+#include "fstype.h"
+
+/*
+ * A run of walks by one thread (a poll of a model's paths, a sync of its
+ * watches, a warm restart's check of a generation): the mount table read
+ * once and asked at each mount crossed (read again only when the kernel
+ * says the mounts changed: fstype.h's fs_table), and the last directory a
+ * path was walked to, from which a path in it is walked by its last name
+ * alone (a poll of 163 shards walks their directory from "/" once, not
+ * 163 times). That directory was judged when it was walked to; what is
+ * walked from it is judged as ever. Not for paths whose directory must be
+ * looked at afresh (a second look after a change): a new run for those.
+ */
+struct mountrule_walk {
+	struct fs_table table;
+	char *dir;    /* the last directory walked to, as the path named it, or NULL */
+	int dir_fd;   /* its O_PATH descriptor, -1 */
+	int dir_links; /* the links followed on the way to it */
+};
+
+/* An empty run; mountrule_walk_end() ends one (closes and frees what it
+ * holds; safe twice). */
+void mountrule_walk_init(struct mountrule_walk *w);
+void mountrule_walk_end(struct mountrule_walk *w);
+
 /*
  * A model's configured path, walked one name at a time (links followed,
  * as the kernel would, at most 40) without looking anything up in a
@@ -33,14 +58,16 @@
  * FUSE and network mounts, and wcached's user's, are walked as stat(2)
  * walks them.
  * mountrule_open: an O_PATH descriptor of what path names; -EXDEV with
- * why set (one line naming the mount) where a user's FUSE mount is met;
- * else -errno as open(2) would fail.
+ * why set (one line naming the path, the name on the mount, the mount and
+ * the reason) where a user's FUSE mount is met; else -errno as open(2)
+ * would fail. w: the run it is part of, or NULL for a walk of its own.
  * mountrule_stat: stat(2) of path, by the walk and fstat(2) of that very
  * file (no second walk a link could be renamed into): 0, or -1 and errno
- * (EXDEV for a user's FUSE mount).
+ * (EXDEV for a user's FUSE mount, why set; why may be NULL, len 0).
  */
-int mountrule_open(const char *path, char *why, size_t len);
-int mountrule_stat(const char *path, struct stat *st);
+int mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why,
+	size_t len);
 
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
  * rule. Once, at start. */

@@ -1379,13 +1379,13 @@ note_failed_path(struct load_request *q)
 {
 	char *dir = NULL, why[8];
 	struct stat st = { 0 };
-	int fd = mountrule_open(q->path, why, sizeof(why)), on_path = fd >= 0;
+	int fd = mountrule_open(NULL, q->path, why, sizeof(why)), on_path = fd >= 0;
 
 	/* One lookup of the path (none into a user's FUSE mount): its stat is
 	 * what a poll compares with. */
 	q->path_err = on_path ? 0 : -fd;
 	if (!on_path && fd != -EXDEV && (dir = path_dir(q->path)) != NULL)
-		fd = mountrule_open(dir[0] != '\0' ? dir : ".", why, sizeof(why));
+		fd = mountrule_open(NULL, dir[0] != '\0' ? dir : ".", why, sizeof(why));
 	free(dir);
 	q->path_noted = 1;
 	if (fd >= 0) {
@@ -1757,7 +1757,7 @@ load_work(struct workq_job *w)
 	struct load_request *q = w->arg;
 	struct gen_found_tree found = { .operators = q->reload != RELOAD_WATCHED };
 	char *resolved, why[sizeof(q->message)];
-	int fd = mountrule_open(q->path, why, sizeof(why));
+	int fd = mountrule_open(NULL, q->path, why, sizeof(why));
 
 	if (fd == -EXDEV) { /* a user's FUSE mount on the path: not walked again */
 		q->status = error_set(-EXDEV, "%s", why);
@@ -1768,7 +1768,7 @@ load_work(struct workq_job *w)
 	if (fd >= 0)
 		close(fd);
 	resolved = realpath(q->path, NULL);
-	q->opened_known = mountrule_stat(q->path, &q->opened_st) == 0;
+	q->opened_known = mountrule_stat(NULL, q->path, &q->opened_st, NULL, 0) == 0;
 	if (q->reload != RELOAD_WATCHED)
 		find_operator_tree(q, resolved);
 	if ((q->status = open_model(q, q->path)) < 0) {

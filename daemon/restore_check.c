@@ -42,7 +42,7 @@ files_dir(const char *path, char **dir)
 	struct stat st;
 	char *d;
 
-	if (mountrule_stat(path, &st) == -1)
+	if (mountrule_stat(NULL, path, &st, NULL, 0) == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
 	if (d == NULL)
@@ -213,16 +213,16 @@ described_origin(const struct fdstore_file *f, struct stat *st)
  * checked against the description already. A description without the
  * origin's inode (version 3, an older wcached) cannot tell: the model is
  * staged again, which is always safe (one without its ctime, version 4,
- * likewise: check_file). Fills *o.
+ * likewise: check_file). Fills *o. walk: the generation's run of walks.
  */
 static int
-check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
-	struct gen_origin *o)
+check_origin(struct mountrule_walk *walk, const struct fdstore_generation *g,
+	const struct fdstore_file *f, char *full, struct gen_origin *o)
 {
 	struct stat st;
 	int same;
 
-	if (mountrule_stat(full, &st) == -1) {
+	if (mountrule_stat(walk, full, &st, NULL, 0) == -1) {
 		if (g->role == FDSTORE_CURRENT)
 			return error_set(-EINVAL, "%s, staged from, is gone", full);
 		described_origin(f, &st);
@@ -255,11 +255,12 @@ check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, c
 }
 
 /* Checks stored file k of p's generation (index mapped at blob; its
- * files in dir) and maps it into p->src.files[k], which then owns the
- * descriptor. A staged copy's origin goes to p->origin[k]. */
+ * files in dir, their paths walked in the run walk) and maps it into
+ * p->src.files[k], which then owns the descriptor. A staged copy's origin
+ * goes to p->origin[k]. */
 static int
-check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, uint32_t k,
-	const uint8_t *blob, const struct index_header *h)
+check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *stage_dir,
+	const char *dir, uint32_t k, const uint8_t *blob, const struct index_header *h)
 {
 	const struct fdstore_generation *g = p->g;
 	const struct fdstore_file *f = &g->files[k];
@@ -291,7 +292,7 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	if ((full = path_join(dir, fname)) == NULL)
 		return error_set(-ENOMEM, "file %s: out of memory", fname);
 	if ((staged = restore_staged_copy(stage_dir, fd, &copy)) != 0) {
-		if (staged < 0 || check_origin(g, f, full, origin) < 0) {
+		if (staged < 0 || check_origin(walk, g, f, full, origin) < 0) {
 			free(copy);
 			free(full);
 			return -EINVAL;
@@ -302,7 +303,8 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 		free(full);
 		return -EINVAL;
 	} else if (g->role == FDSTORE_CURRENT && !p->moved &&
-		(mountrule_stat(full, &st) == -1 || file_changed(&st, f) != NULL)) {
+		(mountrule_stat(walk, full, &st, NULL, 0) == -1 ||
+			file_changed(&st, f) != NULL)) {
 		/* Another file at its name (a held generation's files were
 		 * replaced: that is why it is old); the stored one is intact
 		 * (its fstat above): served, and the path loaded after it as a
@@ -380,11 +382,13 @@ void
 restore_check_generation(struct restore_prepared *p, const char *path, const char *stage_dir)
 {
 	const struct fdstore_generation *g = p->g;
+	struct mountrule_walk walk;
 	struct index_header h;
 	char *dir = NULL;
 	void *map = NULL;
 	int err;
 
+	mountrule_walk_init(&walk); /* its files' paths: one run (mountrule.h) */
 	p->src = (struct model_source){ .format = FORMAT_SAFETENSORS };
 	if ((err = restore_check_index(p->index_fd, g->index_fdname, g->index_size, g->nfiles,
 		     &h, &map)) < 0)
@@ -396,7 +400,7 @@ restore_check_generation(struct restore_prepared *p, const char *path, const cha
 	}
 	if ((err = files_dir(path, &dir)) == 0)
 		for (uint32_t k = 0; k < g->nfiles && err == 0; k++)
-			if ((err = check_file(p, stage_dir, dir, k, map, &h)) == 0)
+			if ((err = check_file(p, &walk, stage_dir, dir, k, map, &h)) == 0)
 				p->src.nfiles = k + 1;
 	/* All copies or none: a mix is not what any process staged. */
 	for (uint32_t k = 1; err == 0 && k < g->nfiles; k++)
@@ -412,6 +416,7 @@ restore_check_generation(struct restore_prepared *p, const char *path, const cha
 	if (err == 0 && (err = gen_open_served(&p->src, &p->served)) == 0)
 		err = note_filesystem(p, stage_dir);
 out:
+	mountrule_walk_end(&walk);
 	free(dir);
 	if (map != NULL)
 		munmap(map, (size_t)g->index_size);

@@ -134,7 +134,7 @@ restore_check_layout(struct restore_prepared *p, const char *path)
 	/* Before the files are listed: a shard index renamed over after this
 	 * (or a directory changed) is a change its watch sees, even before
 	 * it is armed (watch.c compares the path with this stat). */
-	if (mountrule_stat(path, &st) == -1)
+	if (mountrule_stat(NULL, path, &st, NULL, 0) == -1)
 		return error_set(-ESTALE, "%s: %s", path, strerror(errno));
 	p->path_st = st;
 	p->path_known = true;

@@ -238,12 +238,13 @@ static void
 sync_work(struct workq_job *job)
 {
 	struct sync_job *j = job->arg;
+	struct mountrule_walk walk;
 	struct stat st;
 
 	j->wd[0] = inotify_add_watch(j->w->fd, j->dirs[0], WATCH_MASK);
 	j->err[0] = j->wd[0] == -1 ? errno : 0;
 	j->wd[1] = -1;
-	j->path_err = mountrule_stat(j->path, &j->path_st) == -1 ? errno : 0;
+	j->path_err = mountrule_stat(NULL, j->path, &j->path_st, NULL, 0) == -1 ? errno : 0;
 	if (j->path_err == 0 && S_ISDIR(j->path_st.st_mode) &&
 		(j->dirs[1] = strdup(j->path)) != NULL) {
 		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
@@ -251,15 +252,19 @@ sync_work(struct workq_job *job)
 		/* What is compared is the directory as it is once watched: a
 		 * change inside it between the stat above and the watch made no
 		 * event, and the stat above would not show it. */
-		j->path_err = mountrule_stat(j->path, &j->path_st) == -1 ? errno : 0;
+		j->path_err = mountrule_stat(NULL, j->path, &j->path_st, NULL, 0) == -1 ? errno : 0;
 	}
+	/* The files' paths in one run of walks (mountrule.h); the model's
+	 * path above in walks of their own, the second a look afresh. */
+	mountrule_walk_init(&walk);
 	for (size_t k = 0; k < j->ngens; k++) {
 		struct sync_gen *g = &j->gens[k];
 
 		for (size_t i = 0; i < g->n && !g->replaced; i++)
-			g->replaced = mountrule_stat(g->paths[i], &st) == -1 ||
+			g->replaced = mountrule_stat(&walk, g->paths[i], &st, NULL, 0) == -1 ||
 				st.st_dev != g->dev[i] || st.st_ino != g->ino[i];
 	}
+	mountrule_walk_end(&walk);
 }
 
 static struct synced *

@@ -132,12 +132,17 @@ static void
 poll_work(struct workq_job *work)
 {
 	struct poll_job *j = work->arg;
+	struct mountrule_walk walk;
 	struct timespec a, b;
 	struct stat st;
 
 	clock_gettime(CLOCK_MONOTONIC, &a);
+	/* One run of walks: the mount table read once, the files' directory
+	 * walked from "/" once (mountrule.h). */
+	mountrule_walk_init(&walk);
 	for (size_t i = 0; i < j->npaths; i++)
-		j->err[i] = mountrule_stat(j->paths[i], &j->st[i]) == 0 ? 0 : errno;
+		j->err[i] = mountrule_stat(&walk, j->paths[i], &j->st[i], NULL, 0) == 0 ? 0 : errno;
+	mountrule_walk_end(&walk);
 	for (size_t i = 0; i < j->nfds; i++)
 		j->fd_err[i] = fstat(j->fds[i], &st) == 0 ? 0 : errno;
 	clock_gettime(CLOCK_MONOTONIC, &b);

@@ -7,12 +7,18 @@ and a 163-shard layout (mklayout, as bench_scale.py), on the local
 filesystem and through tests/tools/remotefs (FUSE standing in for NFS; root
 only); its status gives polls and their seconds. Then 1, 16 and 64
 one-file models on remotefs, polled every 0.5 s: a remote rename of one of
-them, and how long until polling saw it, next to the per-poll cost.
+them, and how long until polling saw it, next to the per-poll cost. Last
+(root only, in a mount namespace of its own: unshare -m), the 163-shard
+layout on a tmpfs of its own (a model on a volume: each walk from "/"
+crosses its mount, daemon/mountrule.h), polled with the namespace's few
+mounts and again with 500 more (a Kubernetes node has hundreds): a poll
+judges each mount it crosses from the mount table, read once per poll.
 
     tests/bench/bench_poll.py --build BUILD --models DIR
 
 Targets: a remote rename seen within 2 x poll_interval with 64 models
-polled; the per-model poll cost with 64 models at most 2x that with 1.
+polled; the per-model poll cost with 64 models at most 2x that with 1; a
+poll of 163 shards with 500 more mounts at most 2x that with few.
 """
 import argparse
 import json
@@ -32,6 +38,7 @@ from wcached import Wcached, wait_until  # noqa: E402
 
 POLL_FAST = "0.1"
 POLL_FLAT = 0.5
+MORE_MOUNTS = 500
 
 
 def status(b, d):
@@ -125,14 +132,79 @@ def flat_part(b, tmp, fs):
     return results
 
 
+def mounts_here(b, tmp):
+    """In a mount namespace of this process's own (mounts_part): the
+    163-shard layout copied onto a tmpfs of its own, polled with the
+    namespace's mounts and with MORE_MOUNTS more. Prints the figures and
+    the ratio as one line of JSON last."""
+    shards = layout(b, "163 shards", 90000, 163)
+    vol = os.path.join(tmp, "vol")
+    os.mkdir(vol)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "vol", vol], check=True)
+    subprocess.run(["cp", "-r", os.path.dirname(shards), os.path.join(vol, "m")], check=True)
+    path = os.path.join(vol, "m", os.path.basename(shards))
+    figures = {}
+    for label, more in (("few", 0), ("many", MORE_MOUNTS)):
+        for i in range(more):
+            m = os.path.join(tmp, "more", str(i))
+            os.makedirs(m)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", f"more{i}", m], check=True)
+        with open("/proc/self/mountinfo") as f:
+            n = sum(1 for _ in f)
+        d = os.path.join(tmp, f"mounts-{label}")
+        os.mkdir(d)
+        cost, polls = per_poll(b, d, {"m": path})["m"]
+        figures[label] = (n, cost, polls)
+    print(json.dumps(figures))
+
+
+def mounts_part(b, tmp):
+    """mounts_here in a private mount namespace (unshare -m): the mounts it
+    makes go with it."""
+    print("\n  one poll of 163 shards on a tmpfs of their own (a volume), by the number of "
+          "mounts")
+    if os.geteuid() != 0:
+        print("  (not root: no mount namespace of our own; skipped)")
+        return None
+    d = os.path.join(tmp, "mounts")
+    os.mkdir(d)
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                        os.path.abspath(__file__), "--build", b.build, "--models", b.model_dir,
+                        "--mounts-here", d], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"  (unshare -m failed: {p.stderr.strip()[-300:]}; skipped)")
+        return None
+    figures = json.loads(p.stdout.strip().splitlines()[-1])
+    for label in ("few", "many"):
+        n, cost, polls = figures[label]
+        print(f"  {n:>4} mounts              {fmt_t(cost):>9} per poll ({polls} polls)")
+    ratio = figures["many"][1] / figures["few"][1]
+    b.target(f"a poll of 163 shards with {MORE_MOUNTS} more mounts / with few <= 2x",
+             f"{ratio:.2f}x", ratio <= 2)
+    return figures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--models", default=None)
+    ap.add_argument("--mounts-here", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--only-mounts", action="store_true",
+                    help="only the part that polls with many mounts")
     args = ap.parse_args()
     b = Bench(args.build, os.path.abspath(args.models or os.path.join(args.build,
                                                                          "bench-models")))
     os.makedirs(b.model_dir, exist_ok=True)
+    if args.mounts_here:
+        mounts_here(b, args.mounts_here)
+        return
+    if args.only_mounts:
+        with tempfile.TemporaryDirectory(prefix="wcache-bench-poll-") as tmp:
+            os.chmod(tmp, 0o755)
+            mounts_part(b, tmp)
+        for what, figure, verdict in b.targets:
+            print(f"  {verdict}  {what}: {figure}")
+        return
     print("== Polling models on shared storage (watch = poll; remotefs stands in for NFS) ==")
     with tempfile.TemporaryDirectory(prefix="wcache-bench-poll-") as tmp:
         os.chmod(tmp, 0o755)
@@ -147,6 +219,7 @@ def main():
                           attr_timeout=0.1, build=b.build) as fs:
                 cost_part(b, tmp, fs)
                 flat_part(b, tmp, fs)
+        mounts_part(b, tmp)
     for what, figure, verdict in b.targets:
         print(f"  {verdict}  {what}: {figure}")
 

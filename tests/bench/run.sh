@@ -15,7 +15,9 @@
 #    themselves, then through wcache.derived().
 # 5. Shared storage (issue 22): bench_poll.py, the cost of polling a model's
 #    paths (1 file, 163 shards; local and through tests/tools/remotefs, as
-#    root) and a remote rename among 1, 16 and 64 polled models;
+#    root) and a remote rename among 1, 16 and 64 polled models, and (as
+#    root, unshare -m) 163 shards on a mount of their own polled with few
+#    mounts and with 500 more;
 #    bench_stage.py, staging a ~2.2 GB model against warming it in place.
 # 6. Files of a served directory (wcache/_shards.py): bench_shards.py,
 #    safe_open of each of 163 shards by its own path, the directory served,

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/vfs.h>
@@ -381,6 +383,85 @@ test_mount_table_from_bytes(void **state)
 	assert_int_equal(t.cap, 0);
 }
 
+/* A run's table (fs_table) of a mountinfo file: read once for every
+ * question while the file is no mount table the kernel says changed (a
+ * plain file never does), and once more for a device it does not list;
+ * freed, it is read afresh. */
+static void
+test_table_of_a_file(void **state)
+{
+	const char *path = mountinfo(
+		"30 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n"
+		"41 30 0:45 / /mnt/fuse rw - fuse.sshfs host: rw,user_id=1000,group_id=1000\n");
+	struct fs_table t = FS_TABLE_INIT(path);
+	struct fs_info fs;
+
+	(void)state;
+	for (int i = 0; i < 100; i++) {
+		assert_int_equal(fstype_table_find(&t, makedev(259, 2), &fs), 0);
+		assert_string_equal(fs.name, "ext4");
+		assert_int_equal(fstype_table_find(&t, makedev(0, 45), &fs), 0);
+		assert_true(fs.user_mount && fs.mounter == 1000);
+	}
+	assert_int_equal(t.reads, 1);
+	assert_int_equal(fstype_table_find(&t, makedev(0, 99), &fs), -ENOENT);
+	assert_int_equal(t.reads, 2);
+	assert_int_equal(fstype_table_find(&t, makedev(0, 98), &fs), -ENOENT);
+	assert_int_equal(t.reads, 2);
+	fstype_table_free(&t);
+	assert_int_equal(t.fd, -1);
+	assert_int_equal(t.reads, 0);
+	assert_int_equal(fstype_table_find(&t, makedev(0, 45), &fs), 0);
+	assert_int_equal(t.reads, 1);
+	fstype_table_free(&t);
+	fstype_table_free(&t);
+	unlink(path);
+	t = (struct fs_table)FS_TABLE_INIT("/nonexistent/mountinfo");
+	assert_int_equal(fstype_table_find(&t, makedev(0, 45), &fs), -ENOENT);
+	assert_int_equal(t.fd, -1);
+	fstype_table_free(&t);
+}
+
+/*
+ * The run's table of this process's own mount table is read again once a
+ * mount changed it, though the device asked about is listed: a tmpfs
+ * unmounted and a ramfs mounted in its place (whose anonymous device
+ * number is, most likely, the tmpfs's given again) says ramfs, not the
+ * tmpfs the first reading listed. Without a change, no reading. In a
+ * mount namespace of the test's own (root): skipped elsewhere.
+ */
+static void
+test_table_read_again_after_a_mount(void **state)
+{
+	struct fs_table t = FS_TABLE_INIT("/proc/self/mountinfo");
+	char dir[] = "/tmp/test_fstype_ns.XXXXXX";
+	struct fs_info fs;
+	struct stat st;
+
+	(void)state;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		skip();
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(mount("t", dir, "tmpfs", 0, "size=1m"), 0);
+	assert_int_equal(stat(dir, &st), 0);
+	for (int i = 0; i < 100; i++) {
+		assert_int_equal(fstype_table_find(&t, st.st_dev, &fs), 0);
+		assert_string_equal(fs.name, "tmpfs");
+	}
+	assert_int_equal(t.reads, 1);
+	assert_int_equal(umount(dir), 0);
+	assert_int_equal(mount("r", dir, "ramfs", 0, NULL), 0);
+	assert_int_equal(stat(dir, &st), 0);
+	assert_int_equal(fstype_table_find(&t, st.st_dev, &fs), 0);
+	assert_string_equal(fs.name, "ramfs");
+	assert_int_equal(t.reads, 2);
+	assert_int_equal(fstype_table_find(&t, st.st_dev, &fs), 0);
+	assert_int_equal(t.reads, 2);
+	assert_int_equal(umount(dir), 0);
+	assert_int_equal(rmdir(dir), 0);
+	fstype_table_free(&t);
+}
+
 int
 main(void)
 {
@@ -393,6 +474,8 @@ main(void)
 		cmocka_unit_test(test_own_mount_table),
 		cmocka_unit_test(test_own_mount_table_once),
 		cmocka_unit_test(test_failed_statfs_asks_the_mount_table),
+		cmocka_unit_test(test_table_of_a_file),
+		cmocka_unit_test(test_table_read_again_after_a_mount),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

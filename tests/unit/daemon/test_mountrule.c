@@ -2,13 +2,16 @@
  * test_mountrule.c: mountrule_open/mountrule_stat walk a path as stat(2)
  * does where no user's FUSE mount is met (links relative and absolute,
  * "..", chains, loops, missing names, a name that is no directory), each
- * name looked up from the descriptor of the directory before it. The
+ * name looked up from the descriptor of the directory before it, alone
+ * and in a run of walks (one mount table, a directory walked to once);
+ * a run's crossings of mounts in a mount namespace of the test's own. The
  * refusal of a user's FUSE mount is tested with real mounts
  * (tests/integration/test_load_neighbour_paths.py: root and /dev/fuse).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -38,6 +42,9 @@ make_link(const char *target, const char *rel)
 	assert_int_equal(symlink(target, p), 0);
 }
 
+/* The run of walks same_as_stat's walks are part of, or NULL. */
+static struct mountrule_walk *run;
+
 /* mountrule_stat(DIR/rel) says what stat(2) says: the same file, or the
  * same errno. */
 static void
@@ -52,7 +59,7 @@ same_as_stat(const char *rel)
 	ra = stat(p, &a);
 	ea = errno;
 	errno = 0;
-	rb = mountrule_stat(p, &b);
+	rb = mountrule_stat(run, p, &b, NULL, 0);
 	eb = errno;
 	assert_int_equal(rb, ra);
 	if (ra == 0) {
@@ -62,10 +69,34 @@ same_as_stat(const char *rel)
 	}
 }
 
+/* Each path same_as_stat is asked about in test_walks_as_stat. */
+static void
+all_as_stat(void)
+{
+	same_as_stat("m");
+	same_as_stat("m/sub/x.safetensors");
+	same_as_stat("m//sub/./x.safetensors");
+	same_as_stat("m/sub/../sub/x.safetensors");
+	same_as_stat("m/rel");
+	same_as_stat("m/abs");
+	same_as_stat("m/chain");
+	same_as_stat("m/dirlink/x.safetensors");
+	same_as_stat("m/loop");
+	same_as_stat("m/dangling");
+	same_as_stat("m/missing");
+	same_as_stat("m/sub/x.safetensors/y");
+	same_as_stat("m/sub/x.safetensors/..");
+	same_as_stat("m/sub/..");
+	same_as_stat("m/sub/.");
+	same_as_stat("m/missing/x");
+	same_as_stat("m/dirlink/../rel");
+}
+
 static void
 test_walks_as_stat(void **state)
 {
 	char p[PATH_MAX], why[64], rm[PATH_MAX + 16];
+	struct mountrule_walk w;
 	int fd;
 
 	(void)state;
@@ -83,24 +114,95 @@ test_walks_as_stat(void **state)
 	make_link("loop", "m/loop");
 	make_link("gone", "m/dangling");
 	make_link("sub", "m/dirlink");
-	same_as_stat("m");
-	same_as_stat("m/sub/x.safetensors");
-	same_as_stat("m//sub/./x.safetensors");
-	same_as_stat("m/sub/../sub/x.safetensors");
-	same_as_stat("m/rel");
-	same_as_stat("m/abs");
-	same_as_stat("m/chain");
-	same_as_stat("m/dirlink/x.safetensors");
-	same_as_stat("m/loop");
-	same_as_stat("m/dangling");
-	same_as_stat("m/missing");
-	same_as_stat("m/sub/x.safetensors/y");
-	/* a relative path from the working directory */
+	all_as_stat();
+	/* The same in one run, twice: each directory walked to once serves
+	 * the paths in it after. */
+	mountrule_walk_init(&w);
+	run = &w;
+	all_as_stat();
+	all_as_stat();
+	run = NULL;
+	mountrule_walk_end(&w);
+	mountrule_walk_end(&w);
+	/* a relative path from the working directory, alone and in a run */
 	assert_int_equal(chdir(dir), 0);
-	assert_true((fd = mountrule_open("m/chain", why, sizeof(why))) >= 0);
+	assert_true((fd = mountrule_open(NULL, "m/chain", why, sizeof(why))) >= 0);
 	close(fd);
-	assert_int_equal(mountrule_open("m/missing", why, sizeof(why)), -ENOENT);
+	assert_int_equal(mountrule_open(NULL, "m/missing", why, sizeof(why)), -ENOENT);
+	mountrule_walk_init(&w);
+	for (int i = 0; i < 2; i++) {
+		assert_true((fd = mountrule_open(&w, "m/chain", why, sizeof(why))) >= 0);
+		close(fd);
+		assert_int_equal(mountrule_open(&w, "m/missing", why, sizeof(why)), -ENOENT);
+		assert_int_equal(mountrule_open(&w, "m/loop", why, sizeof(why)), -ELOOP);
+	}
+	assert_string_equal(w.dir, "m");
+	mountrule_walk_end(&w);
 	assert_int_equal(chdir("/"), 0);
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	assert_int_equal(system(rm), 0);
+}
+
+#define SHARDS 163
+
+/*
+ * A run of walks across mounts, in a mount namespace of the test's own
+ * (root; skipped elsewhere): 163 shards on a tmpfs of their own (a model
+ * on a volume: each walk from "/" crosses its mount) stat'ed in one run
+ * are what stat(2) says, the mount table read once and their directory
+ * walked to once; a mount made during the run, crossed next, is judged
+ * from the table read again (the kernel said it changed).
+ */
+static void
+test_run_across_mounts(void **state)
+{
+	char p[PATH_MAX], rm[PATH_MAX + 16], want[PATH_MAX], name[32];
+	struct mountrule_walk w;
+	int fd;
+
+	(void)state;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		skip();
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	at(p, sizeof(p), "vol");
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_int_equal(mount("vol", p, "tmpfs", 0, "size=1m"), 0);
+	at(p, sizeof(p), "vol/m");
+	assert_int_equal(mkdir(p, 0755), 0);
+	for (int i = 0; i < SHARDS; i++) {
+		snprintf(name, sizeof(name), "vol/m/shard-%03d", i);
+		at(p, sizeof(p), name);
+		assert_true((fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) >= 0);
+		close(fd);
+	}
+	at(p, sizeof(p), "vol2");
+	assert_int_equal(mkdir(p, 0755), 0);
+	mountrule_walk_init(&w);
+	run = &w;
+	same_as_stat("vol/m");
+	for (int i = 0; i < SHARDS; i++) {
+		snprintf(name, sizeof(name), "vol/m/shard-%03d", i);
+		same_as_stat(name);
+	}
+	at(want, sizeof(want), "vol/m");
+	assert_string_equal(w.dir, want);
+	assert_int_equal(w.table.reads, 1);
+	at(p, sizeof(p), "vol2");
+	assert_int_equal(mount("vol2", p, "tmpfs", 0, "size=1m"), 0);
+	at(p, sizeof(p), "vol2/x");
+	assert_true((fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) >= 0);
+	close(fd);
+	same_as_stat("vol2/x");
+	assert_int_equal(w.table.reads, 2);
+	same_as_stat("vol/m/shard-000");
+	assert_int_equal(w.table.reads, 2);
+	run = NULL;
+	mountrule_walk_end(&w);
+	at(p, sizeof(p), "vol2");
+	assert_int_equal(umount(p), 0);
+	at(p, sizeof(p), "vol");
+	assert_int_equal(umount(p), 0);
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	assert_int_equal(system(rm), 0);
 }
@@ -110,6 +212,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_walks_as_stat),
+		cmocka_unit_test(test_run_across_mounts),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,6 +31,7 @@
 
 #include "daemonutil.h"
 #include "metrics.h"
+#include "mountrule.h"
 #include "testutil.h"
 #include "watch.h"
 #include "watch_internal.h"
@@ -69,11 +70,14 @@ __wrap_stat(const char *path, struct stat *st)
 }
 
 /* wcached's stat of a model's paths (mountrule.h): the same failure. */
-int __real_mountrule_stat(const char *path, struct stat *st);
-int __wrap_mountrule_stat(const char *path, struct stat *st);
+int __real_mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st,
+	char *why, size_t len);
+int __wrap_mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st,
+	char *why, size_t len);
 
 int
-__wrap_mountrule_stat(const char *path, struct stat *st)
+__wrap_mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why,
+	size_t len)
 {
 	int e = atomic_load(&stat_errno);
 
@@ -81,7 +85,7 @@ __wrap_mountrule_stat(const char *path, struct stat *st)
 		errno = e;
 		return -1;
 	}
-	return __real_mountrule_stat(path, st);
+	return __real_mountrule_stat(w, path, st, why, len);
 }
 
 static atomic_int read_fd = -1; /* reads of this descriptor fail ... */
