@@ -140,8 +140,12 @@ __wrap_sendmsg(int fd, const struct msghdr *msg, int flags)
  * fork to happen before it goes on; a fork that cannot happen then (the
  * client holds what fork() waits for) happens later. The child lets the
  * parent's client go (wc_release, wc_disconnect) and exits 0 only if
- * neither the socket being connected nor the client's descriptor is still
- * open in it: 3 when the new socket is, 4 when the old one is.
+ * neither the socket being connected nor the client's socket from before
+ * the reconnect is still open in it: 3 when the new socket is, 4 when the
+ * old one is. Each is judged by its identity (device and inode taken in
+ * the parent), not its number: the fake daemon runs in this process, and
+ * its accept() may take the number the client's close() just freed before
+ * the fork (ci54 failed so).
  */
 #define FORK_PROBE_WAIT_S 1
 enum { FORK_AT_NONE, FORK_AT_CONNECT, FORK_AT_FSTAT };
@@ -149,11 +153,25 @@ static struct {
 	int at;            /* where: FORK_AT_*, cleared when the probe fires */
 	struct fixture *f;
 	int fd;            /* the new socket */
+	struct stat fd_st; /* its identity */
+	int old;           /* the client's socket before the reconnect */
+	struct stat old_st;
 	pthread_t thread;
 	int started;
 	sem_t forked;      /* posted by the probe's thread once fork() returned */
 	int status;        /* the child's, from waitpid() */
 } fork_probe;
+
+/* Whether fd is open and the file st names (fstat() passes through the
+ * wrapper below while the probe is not armed). */
+static int
+still_open(int fd, const struct stat *st)
+{
+	struct stat now;
+
+	return fd >= 0 && fstat(fd, &now) == 0 && now.st_dev == st->st_dev &&
+		now.st_ino == st->st_ino;
+}
 
 static void *
 fork_probe_run(void *arg)
@@ -163,14 +181,14 @@ fork_probe_run(void *arg)
 	(void)arg;
 	if ((pid = fork()) == 0) {
 		struct fixture *f = fork_probe.f;
-		int old = wc_client_fd(f->client), code = 0;
+		int code = 0;
 
 		alarm(20);
 		wc_release(f->model);
 		wc_disconnect(f->client);
-		if (fcntl(fork_probe.fd, F_GETFD) != -1)
+		if (still_open(fork_probe.fd, &fork_probe.fd_st))
 			code = 3;
-		else if (old != fork_probe.fd && fcntl(old, F_GETFD) != -1)
+		else if (still_open(fork_probe.old, &fork_probe.old_st))
 			code = 4;
 		_exit(code);
 	}
@@ -188,6 +206,7 @@ fork_probe_now(int fd)
 
 	fork_probe.at = FORK_AT_NONE;
 	fork_probe.fd = fd;
+	assert_int_equal(fstat(fd, &fork_probe.fd_st), 0);
 	if (pthread_create(&fork_probe.thread, NULL, fork_probe_run, NULL) != 0)
 		return;
 	fork_probe.started = 1;
@@ -757,6 +776,8 @@ fork_probe_arm(struct fixture *f, int at)
 	fork_probe.f = f;
 	fork_probe.started = 0;
 	fork_probe.status = -1;
+	fork_probe.old = f->client != NULL ? wc_client_fd(f->client) : -1;
+	assert_true(fork_probe.old < 0 || fstat(fork_probe.old, &fork_probe.old_st) == 0);
 	fork_probe.at = at;
 }
 
