@@ -66,6 +66,9 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * (EXDEV for a user's FUSE mount, why set; why may be NULL, len 0).
  */
 int mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+/* Room for why (the path, the name on the mount, the mount): as much as
+ * an error message (base/error.h's ERROR_MAX) and a log line carry. */
+#define MOUNTRULE_WHY 1024
 int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why,
 	size_t len);
 

@@ -34,16 +34,30 @@
 #include "restore_internal.h"
 #include "stage.h"
 
+/* The error of a stat of path the walk failed (errno): the walk's own
+ * line where it refused a mount (EXDEV: it names the path, the mount and
+ * why), else path and errno's text. */
+static int
+stat_failed(const char *path, const char *why)
+{
+	int e = errno;
+
+	if (e == EXDEV)
+		return error_set(-e, "%s", why);
+	return error_set(-e, "%s: %s", path, strerror(e));
+}
+
 /* The directory the model's files are in, malloc'd in *dir: path itself,
  * or its parent. */
 static int
 files_dir(const char *path, char **dir)
 {
+	char why[MOUNTRULE_WHY];
 	struct stat st;
 	char *d;
 
-	if (mountrule_stat(NULL, path, &st, NULL, 0) == -1)
-		return error_set(-errno, "%s: %s", path, strerror(errno));
+	if (mountrule_stat(NULL, path, &st, why, sizeof(why)) == -1)
+		return stat_failed(path, why);
 	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
 	if (d == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", path);
@@ -219,10 +233,13 @@ static int
 check_origin(struct mountrule_walk *walk, const struct fdstore_generation *g,
 	const struct fdstore_file *f, char *full, struct gen_origin *o)
 {
+	char why[MOUNTRULE_WHY];
 	struct stat st;
 	int same;
 
-	if (mountrule_stat(walk, full, &st, NULL, 0) == -1) {
+	if (mountrule_stat(walk, full, &st, why, sizeof(why)) == -1) {
+		if (g->role == FDSTORE_CURRENT && errno == EXDEV)
+			return error_set(-EINVAL, "%s, staged from: %s", full, why);
 		if (g->role == FDSTORE_CURRENT)
 			return error_set(-EINVAL, "%s, staged from, is gone", full);
 		described_origin(f, &st);
@@ -266,10 +283,10 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 	const struct fdstore_file *f = &g->files[k];
 	struct gen_origin *origin = &p->origin[k];
 	const char *fname, *changed;
-	char *full, *copy = NULL;
+	char *full, *copy = NULL, why[MOUNTRULE_WHY];
 	struct stat st;
 	uint64_t size;
-	int fd = p->fds[k], fl, staged;
+	int fd = p->fds[k], fl, staged, r = 0;
 
 	if (fd < 0)
 		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k,
@@ -303,15 +320,19 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 		free(full);
 		return -EINVAL;
 	} else if (g->role == FDSTORE_CURRENT && !p->moved &&
-		(mountrule_stat(walk, full, &st, NULL, 0) == -1 ||
+		((r = mountrule_stat(walk, full, &st, why, sizeof(why))) == -1 ||
 			file_changed(&st, f) != NULL)) {
 		/* Another file at its name (a held generation's files were
 		 * replaced: that is why it is old); the stored one is intact
 		 * (its fstat above): served, and the path loaded after it as a
-		 * reload wcached makes by itself (restore_after). */
+		 * reload wcached makes by itself (restore_after). A path the
+		 * walk refused says which mount and why. */
 		p->moved = true;
-		snprintf(p->moved_why, sizeof(p->moved_why), "%s was replaced or changed since "
-			"it was stored", full);
+		if (r == -1 && errno == EXDEV)
+			snprintf(p->moved_why, sizeof(p->moved_why), "%s", why);
+		else
+			snprintf(p->moved_why, sizeof(p->moved_why), "%s was replaced or changed "
+				"since it was stored", full);
 	}
 	/* An older wcached's description (version 4 and before) records no
 	 * ctime: a write in place whose writer put the mtime back while no

@@ -127,15 +127,16 @@ restore_check_layout(struct restore_prepared *p, const char *path)
 	struct index_header h;
 	struct stat st;
 	void *map = NULL;
-	char what[1024];
+	char what[1024], why[MOUNTRULE_WHY];
 	bool is_dir;
 	int r;
 
 	/* Before the files are listed: a shard index renamed over after this
 	 * (or a directory changed) is a change its watch sees, even before
 	 * it is armed (watch.c compares the path with this stat). */
-	if (mountrule_stat(NULL, path, &st, NULL, 0) == -1)
-		return error_set(-ESTALE, "%s: %s", path, strerror(errno));
+	if (mountrule_stat(NULL, path, &st, why, sizeof(why)) == -1)
+		return errno == EXDEV ? error_set(-ESTALE, "%s", why) :
+			error_set(-ESTALE, "%s: %s", path, strerror(errno));
 	p->path_st = st;
 	p->path_known = true;
 	/* A path of one file names it: restore_check.c compared it. */

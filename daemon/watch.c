@@ -193,6 +193,9 @@ struct sync_job {
 	int wd[2], err[2];
 	int path_err;           /* path's stat once its directory is watched */
 	struct stat path_st;
+	/* The first of its stats the walk refused (EXDEV: a user's FUSE
+	 * mount on the way), why: its one line (mountrule.h), or "". */
+	char refused[MOUNTRULE_WHY];
 	/* Armed again after a failed load (model_entry's watch_rearm): what
 	 * that load's path looked like (failed_path's err and st). */
 	int rearm;
@@ -227,6 +230,15 @@ sync_job_free(struct sync_job *j)
 	free(j);
 }
 
+/* Keeps why, the line of a stat the walk refused (err EXDEV), when it is
+ * j's first. */
+static void
+refused(struct sync_job *j, int err, const char *why)
+{
+	if (err == EXDEV && j->refused[0] == '\0')
+		snprintf(j->refused, sizeof(j->refused), "%s", why);
+}
+
 /* Work queue thread: arm the watches, then compare each generation's paths
  * with the files it opened, and stat the model's path, which sync_after
  * compares with what the generation's load (or a warm restart's check)
@@ -239,12 +251,15 @@ sync_work(struct workq_job *job)
 {
 	struct sync_job *j = job->arg;
 	struct mountrule_walk walk;
+	char why[MOUNTRULE_WHY];
 	struct stat st;
 
 	j->wd[0] = inotify_add_watch(j->w->fd, j->dirs[0], WATCH_MASK);
 	j->err[0] = j->wd[0] == -1 ? errno : 0;
 	j->wd[1] = -1;
-	j->path_err = mountrule_stat(NULL, j->path, &j->path_st, NULL, 0) == -1 ? errno : 0;
+	j->path_err = mountrule_stat(NULL, j->path, &j->path_st, why, sizeof(why)) == -1 ? errno :
+		0;
+	refused(j, j->path_err, why);
 	if (j->path_err == 0 && S_ISDIR(j->path_st.st_mode) &&
 		(j->dirs[1] = strdup(j->path)) != NULL) {
 		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
@@ -252,7 +267,9 @@ sync_work(struct workq_job *job)
 		/* What is compared is the directory as it is once watched: a
 		 * change inside it between the stat above and the watch made no
 		 * event, and the stat above would not show it. */
-		j->path_err = mountrule_stat(NULL, j->path, &j->path_st, NULL, 0) == -1 ? errno : 0;
+		j->path_err = mountrule_stat(NULL, j->path, &j->path_st, why, sizeof(why)) == -1 ?
+			errno : 0;
+		refused(j, j->path_err, why);
 	}
 	/* The files' paths in one run of walks (mountrule.h); the model's
 	 * path above in walks of their own, the second a look afresh. */
@@ -260,9 +277,12 @@ sync_work(struct workq_job *job)
 	for (size_t k = 0; k < j->ngens; k++) {
 		struct sync_gen *g = &j->gens[k];
 
-		for (size_t i = 0; i < g->n && !g->replaced; i++)
-			g->replaced = mountrule_stat(&walk, g->paths[i], &st, NULL, 0) == -1 ||
-				st.st_dev != g->dev[i] || st.st_ino != g->ino[i];
+		for (size_t i = 0; i < g->n && !g->replaced; i++) {
+			int r = mountrule_stat(&walk, g->paths[i], &st, why, sizeof(why));
+
+			refused(j, r == -1 ? errno : 0, why);
+			g->replaced = r == -1 || st.st_dev != g->dev[i] || st.st_ino != g->ino[i];
+		}
 	}
 	mountrule_walk_end(&walk);
 }
@@ -466,6 +486,9 @@ sync_after(struct workq_job *job, int status)
 		for (int k = 0; k < 2; k++)
 			if (j->dirs[k] != NULL && j->wd[k] >= 0)
 				stray |= stray_event(w, j->wd[k], j->dirs[k], m);
+		if (j->refused[0] != '\0')
+			log_warnx("model \"%s\": its watch's stat refused: %s", m->name,
+				j->refused);
 
 		/* Armed again after a failed load: a change of its path since
 		 * (a file renamed into a directory made again) made no event

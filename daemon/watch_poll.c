@@ -57,6 +57,9 @@ struct poll_job {
 	char **paths;
 	struct stat *st;
 	int *err;           /* 0 or errno of each stat */
+	/* The first path the walk refused (EXDEV: a user's FUSE mount on
+	 * the way), why: its one line (mountrule.h), or "". */
+	char refused[MOUNTRULE_WHY];
 	double seconds;     /* the stats took */
 	/* A generation whose files were replaced by another host, served
 	 * where they lie (source_replaced): its served descriptors, fstat'ed
@@ -140,8 +143,14 @@ poll_work(struct workq_job *work)
 	/* One run of walks: the mount table read once, the files' directory
 	 * walked from "/" once (mountrule.h). */
 	mountrule_walk_init(&walk);
-	for (size_t i = 0; i < j->npaths; i++)
-		j->err[i] = mountrule_stat(&walk, j->paths[i], &j->st[i], NULL, 0) == 0 ? 0 : errno;
+	for (size_t i = 0; i < j->npaths; i++) {
+		char why[MOUNTRULE_WHY];
+
+		j->err[i] = mountrule_stat(&walk, j->paths[i], &j->st[i], why, sizeof(why)) == 0 ?
+			0 : errno;
+		if (j->err[i] == EXDEV && j->refused[0] == '\0')
+			snprintf(j->refused, sizeof(j->refused), "%s", why);
+	}
 	mountrule_walk_end(&walk);
 	for (size_t i = 0; i < j->nfds; i++)
 		j->fd_err[i] = fstat(j->fds[i], &st) == 0 ? 0 : errno;
@@ -217,7 +226,8 @@ settled(struct watch *w, struct polled *p, struct model_entry *m, uint64_t sig,
  * file (EIO, ETIMEDOUT on a soft mount, EACCES, ENOMEM...)? Then nothing
  * is concluded from this poll: only "no such file" (ENOENT, ENOTDIR) means
  * a path was replaced or removed. Logged once per errno, and once when
- * polls work again.
+ * polls work again; a path the walk refused (EXDEV) with the walk's line,
+ * which names the path, the mount and why.
  */
 static int
 unsure(struct polled *p, const struct model_entry *m, const struct poll_job *j)
@@ -227,7 +237,10 @@ unsure(struct polled *p, const struct model_entry *m, const struct poll_job *j)
 
 		if (e == 0 || e == ENOENT || e == ENOTDIR)
 			continue;
-		if (p->failing != e)
+		if (p->failing != e && e == EXDEV && j->refused[0] != '\0')
+			log_warnx("model \"%s\": polling refused: %s; nothing is concluded until "
+				  "a poll works again", m->name, j->refused);
+		else if (p->failing != e)
 			log_warnx("model \"%s\": polling %s failed: %s; nothing is concluded "
 				  "until a poll works again", m->name, j->paths[i], strerror(e));
 		p->failing = e;
