@@ -6,7 +6,7 @@
  * config.c reads the file and knows its sections and keys; it hands each
  * value here to be parsed or resolved. Keeping the value rules apart keeps
  * the reader about the file's structure (lines, sections, duplicates), and
- * keeps the NSS lookups (getpwnam_r/getgrnam_r, which may block on LDAP or
+ * keeps the user and group lookups (nss.h's, which may block on LDAP or
  * sssd) and path joining in one place. The functions that take the parse
  * context report their errors through config_error(), so every message
  * still carries the file and line of the value.
@@ -16,6 +16,7 @@
 #include "base/decimal.h"
 #include "base/error.h"
 #include "base/inifile.h"
+#include "nss.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -28,9 +29,6 @@
 #include <string.h>
 #include <sys/un.h>
 #include <unistd.h>
-
-/* Largest buffer for getpwnam_r/getgrnam_r before giving up. */
-#define NSS_BUFFER_MAX (1024L * 1024)
 
 /* ---- value parsers ---------------------------------------------------- */
 
@@ -243,68 +241,39 @@ config_model_name_valid(const char *s)
 
 /* ---- users and groups ------------------------------------------------- */
 
-/* Initial buffer size for the reentrant NSS functions. */
-static size_t
-nss_buffer_size(int which)
-{
-	long n = sysconf(which);
-
-	return n > 0 && n < NSS_BUFFER_MAX ? (size_t)n : 16384;
-}
-
-/* Whether a getpw*_r/getgr*_r error means "no such entry" (see the NOTES of
- * getpwnam(3): implementations use several codes for it). */
-static int
-nss_not_found(int e)
-{
-	return e == 0 || e == ENOENT || e == ESRCH || e == EBADF || e == EPERM;
-}
-
 /*
  * Looks up a group by name (is_group: stores its gid), or a user by name or,
- * when name is NULL, by the uid id (stores the uid and the primary gid).
- * The buffer of the reentrant NSS function grows while it says ERANGE, up
- * to NSS_BUFFER_MAX. Returns 0, -ENOENT when there is no such entry, or
- * -errno.
+ * when name is NULL, by the uid id (stores the uid and the primary gid;
+ * with pw_name, a copy of the user's name). Returns 0, -ENOENT when there
+ * is no such entry, or -errno (nss.h).
  */
 static int
 nss_lookup(int is_group, const char *name, uid_t id, uid_t *uid, gid_t *gid, char **pw_name)
 {
-	size_t size = nss_buffer_size(is_group ? _SC_GETGR_R_SIZE_MAX : _SC_GETPW_R_SIZE_MAX);
+	struct passwd *pw = NULL;
+	struct group *gr = NULL;
+	int e;
 
-	for (;;) {
-		struct passwd pw, *pw_found = NULL;
-		struct group gr, *gr_found = NULL;
-		char *buf = malloc(size);
-		int e;
-
-		if (buf == NULL)
-			return -ENOMEM;
-		if (is_group)
-			e = getgrnam_r(name, &gr, buf, size, &gr_found);
-		else if (name != NULL)
-			e = getpwnam_r(name, &pw, buf, size, &pw_found);
-		else
-			e = getpwuid_r(id, &pw, buf, size, &pw_found);
-		if (gr_found != NULL) {
-			*gid = gr.gr_gid;
-		} else if (pw_found != NULL) {
-			*uid = pw.pw_uid;
-			*gid = pw.pw_gid;
-			if (pw_name != NULL && (*pw_name = strdup(pw.pw_name)) == NULL) {
-				free(buf);
-				return -ENOMEM;
-			}
-		}
-		free(buf);
-		if (gr_found != NULL || pw_found != NULL)
-			return 0;
-		if (e == ERANGE && size < NSS_BUFFER_MAX) {
-			size *= 2;
-			continue;
-		}
-		return nss_not_found(e) ? -ENOENT : -e;
+	if (is_group)
+		gr = nss_group_by_name(name, &e);
+	else
+		pw = name != NULL ? nss_user_by_name(name, &e) : nss_user_by_uid(id, &e);
+	if (gr != NULL) {
+		*gid = gr->gr_gid;
+		e = 0;
 	}
+	if (pw != NULL) {
+		*uid = pw->pw_uid;
+		*gid = pw->pw_gid;
+		e = 0;
+		if (pw_name != NULL && (*pw_name = strdup(pw->pw_name)) == NULL)
+			e = ENOMEM;
+	}
+	free(pw);
+	free(gr);
+	if (e != 0)
+		return -e;
+	return gr != NULL || pw != NULL ? 0 : -ENOENT;
 }
 
 /* Whether s is all digits (a numeric uid or gid rather than a name). */

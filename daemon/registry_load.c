@@ -44,6 +44,7 @@
 #include "format/tree.h"
 #include "log.h"
 #include "mountrule.h"
+#include "nss.h"
 #include "pages.h"
 #include "proto/memfds.h"
 #include "registry_internal.h"
@@ -466,9 +467,6 @@ same_owners(const struct load_request *q, const char **name, const struct stat *
 	return 1;
 }
 
-/* Groups looked up for a tree's owner at most (NGROUPS_MAX on Linux). */
-#define OWNER_MAX_GROUPS 65536
-
 /* A uid's groups as the user database tells them (its primary group and
  * getgrouplist(3)), looked up once per load (linked_in): looked 0 until
  * then; none for a uid the database does not know or when it cannot be
@@ -484,32 +482,15 @@ struct owner_groups {
 static void
 owner_groups_look(uid_t uid, struct owner_groups *g)
 {
-	struct passwd pw, *found = NULL;
-	size_t size = 16384;
-	char *buf = NULL;
-	int err = ERANGE;
+	int err;
+	struct passwd *pw = nss_user_by_uid(uid, &err);
 
 	g->looked = 1;
-	for (char *more; err == ERANGE && size <= (1u << 20); size *= 2) {
-		if ((more = realloc(buf, size)) == NULL)
-			break;
-		buf = more;
-		err = getpwuid_r(uid, &pw, buf, size, &found);
+	if (pw != NULL && nss_groups(pw, &g->list, &g->n) < 0) {
+		g->list = NULL;
+		g->n = 0;
 	}
-	for (int want = 64; err == 0 && found != NULL && want <= OWNER_MAX_GROUPS;) {
-		gid_t *more = realloc(g->list, (size_t)want * sizeof(*more));
-		int n = want;
-
-		if (more == NULL)
-			break;
-		g->list = more;
-		if (getgrouplist(pw.pw_name, pw.pw_gid, g->list, &n) >= 0) {
-			g->n = n;
-			break;
-		}
-		want = n > want ? n : want * 2; /* n: how many there are now */
-	}
-	free(buf);
+	free(pw);
 }
 
 /*
@@ -635,43 +616,34 @@ static pthread_mutex_t pwent_lock = PTHREAD_MUTEX_INITIALIZER;
 static int
 group_private(gid_t gid, uid_t uid)
 {
-	struct group gr, *gfound = NULL;
-	struct passwd pw, *pfound = NULL;
+	struct group *gr;
+	struct passwd *owner, pw, *pfound = NULL;
 	size_t size = 16384;
-	char *buf = NULL, *more;
-	int err = ERANGE, priv = 1;
+	char *buf;
+	int err, priv = 1;
 
 	if (gid == 0 || uid == 0)
 		return 0;
-	for (; err == ERANGE && size <= (1u << 20);) {
-		if ((more = realloc(buf, size)) == NULL)
-			break;
-		buf = more;
-		if ((err = getgrgid_r(gid, &gr, buf, size, &gfound)) == ERANGE)
-			size *= 2;
-	}
-	if (err != 0 || gfound == NULL) {
-		free(buf);
+	if ((gr = nss_group_by_gid(gid, &err)) == NULL)
 		return 0;
-	}
-	{
-		struct passwd opw, *ofound = NULL;
-		char obuf[4096];
+	/* The owner's own: her primary group, of her name. */
+	owner = nss_user_by_uid(uid, &err);
+	if (owner == NULL || owner->pw_gid != gid || strcmp(owner->pw_name, gr->gr_name) != 0)
+		priv = 0;
+	free(owner);
+	for (char **mem = gr->gr_mem; priv && *mem != NULL; mem++) {
+		struct passwd *member = nss_user_by_name(*mem, &err);
 
-		/* The owner's own: her primary group, of her name. */
-		if (getpwuid_r(uid, &opw, obuf, sizeof(obuf), &ofound) != 0 || ofound == NULL ||
-			ofound->pw_gid != gid || strcmp(ofound->pw_name, gfound->gr_name) != 0)
+		if (member == NULL || member->pw_uid != uid)
 			priv = 0;
+		free(member);
 	}
-	for (char **mem = gfound->gr_mem; priv && *mem != NULL; mem++) {
-		struct passwd mpw, *mfound = NULL;
-		char mbuf[4096];
-
-		if (getpwnam_r(*mem, &mpw, mbuf, sizeof(mbuf), &mfound) != 0 || mfound == NULL ||
-			mfound->pw_uid != uid)
-			priv = 0;
-	}
+	free(gr);
+	if (priv && (buf = malloc(size)) == NULL)
+		priv = 0;
 	if (priv) {
+		/* Every user whose primary group it is: an entry larger than
+		 * size (ERANGE) ends the walk, and the group counts as shared. */
 		pthread_mutex_lock(&pwent_lock);
 		setpwent();
 		while (priv && (err = getpwent_r(&pw, buf, size, &pfound)) == 0 &&
@@ -682,8 +654,8 @@ group_private(gid_t gid, uid_t uid)
 			priv = 0;
 		endpwent();
 		pthread_mutex_unlock(&pwent_lock);
+		free(buf);
 	}
-	free(buf);
 	return priv;
 }
 

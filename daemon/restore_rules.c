@@ -48,11 +48,9 @@
 #include "base/error.h"
 #include "derive.h"
 #include "fdstore.h"
+#include "nss.h"
 #include "registry.h"
 #include "restore_internal.h"
-
-/* Groups looked up for one builder at most (NGROUPS_MAX on Linux). */
-#define BUILDER_MAX_GROUPS 65536
 
 int
 restore_artifact_limits(int fd, const struct fdstore_artifact *a)
@@ -95,64 +93,37 @@ restore_artifact_fits(const struct registry *r, const struct fdstore_artifact *a
 int
 restore_builder_lookup(uid_t uid, struct restore_builder *out)
 {
-	struct passwd pw, *found = NULL;
-	long size = sysconf(_SC_GETPW_R_SIZE_MAX);
-	char *buf = NULL;
+	struct passwd *pw;
 	gid_t *groups = NULL;
-	int ngroups = 16, err;
+	int ngroups = 0, err;
 
 	*out = (struct restore_builder){ .uid = uid, .gid = (gid_t)-1 };
 	/* Root and wcached's own uid may always build: nothing to look up. */
 	if (uid == 0 || uid == geteuid())
 		return 0;
-	if (size <= 0)
-		size = 16384;
-	for (;;) {
-		char *more = realloc(buf, (size_t)size);
-
-		if (more == NULL) {
-			free(buf);
+	if ((pw = nss_user_by_uid(uid, &err)) == NULL) {
+		if (err == ENOMEM)
 			return error_set(-ENOMEM, "out of memory");
-		}
-		buf = more;
-		err = getpwuid_r(uid, &pw, buf, (size_t)size, &found);
-		if (err != ERANGE || size >= (1L << 20))
-			break;
-		size *= 2;
-	}
-	if (found == NULL) {
-		free(buf);
-		/* Not known, or the database could not be asked: no groups. */
-		if (err != 0 && err != ENOENT && err != ESRCH)
-			out->lookup_err = err;
+		/* Not known (0), or the database could not be asked: no groups. */
+		out->lookup_err = err;
 		return 0;
 	}
-	for (;;) {
-		int want = ngroups;
-		gid_t *more = realloc(groups, (size_t)want * sizeof(*groups));
-
-		if (more == NULL) {
-			free(groups);
-			free(buf);
-			return error_set(-ENOMEM, "out of memory");
-		}
-		groups = more;
-		if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &ngroups) >= 0)
-			break;
-		/* ngroups is how many there are now; grow to that, once more
-		 * than we had, up to the kernel's most. */
-		if (ngroups <= want)
-			ngroups = want * 2;
-		if (ngroups > BUILDER_MAX_GROUPS) {
-			ngroups = want; /* the first want of them */
-			break;
-		}
+	err = nss_groups(pw, &groups, &ngroups);
+	if (err == -ENOMEM) {
+		free(pw);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	if (err < 0) {
+		/* In more groups than the kernel's most: none of them counts. */
+		free(pw);
+		out->lookup_err = -err;
+		return 0;
 	}
 	out->known = 1;
-	out->gid = pw.pw_gid;
+	out->gid = pw->pw_gid;
+	free(pw);
 	out->groups = groups;
 	out->ngroups = ngroups;
-	free(buf);
 	return 0;
 }
 
