@@ -85,109 +85,52 @@ users_fuse(struct fs_table *t, dev_t dev, char *why, size_t len)
 	return true;
 }
 
-#define WALK_LINKS 40
+/* What a walk's judge is given: the run's table, and the path walked. */
+struct judged {
+	struct fs_table *table;
+	const char *path;
+};
 
-/* mountrule_open's walk: rest (a path, changed) from cur (owned), *links
- * links followed before (and after). */
+/* tree_walk's judge for a model's path: a mount crossed is walked onto
+ * unless it is a user's FUSE mount; why names the path, the name on it,
+ * the mount and the reason. */
 static int
-walk(struct fs_table *t, char *rest, size_t cap, int cur, int *links, const char *path,
-	char *why, size_t len)
+judge(void *ctx, dev_t dev, const char *name, char *why, size_t len)
 {
-	char target[PATH_MAX], *p = rest, *name, on[160];
-	struct statx sx;
-	int fd, e;
-	struct stat st;
-	dev_t dev, at;
+	const struct judged *j = ctx;
+	char on[160];
 
-	if (fstat(cur, &st) == -1)
-		goto fail;
-	dev = st.st_dev;
-	for (;;) {
-		while (*p == '/')
-			p++;
-		if (*p == '\0')
-			return cur;
-		name = p;
-		p += strcspn(p, "/");
-		if (*p != '\0')
-			*p++ = '\0';
-		if (strcmp(name, ".") == 0)
-			continue;
-		if ((fd = openat(cur, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) == -1)
-			goto fail;
-		if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-			    STATX_TYPE, &sx) == -1) {
-			e = errno;
-			close(fd);
-			errno = e;
-			goto fail;
-		}
-		at = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-		if (at != dev && users_fuse(t, at, on, sizeof(on))) {
-			close(fd);
-			close(cur);
-			snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE "
-				"mount (a neighbour's server may never answer)", path, name, on);
-			return -EXDEV;
-		}
-		if (S_ISLNK(sx.stx_mode)) {
-			ssize_t k = readlinkat(fd, "", target, sizeof(target) - 1);
-			size_t n;
-
-			close(fd);
-			if (k < 0)
-				goto fail;
-			target[k] = '\0';
-			n = strlen(p);
-			if (++*links > WALK_LINKS || (size_t)k + 1 + n + 1 > cap) {
-				errno = *links > WALK_LINKS ? ELOOP : ENAMETOOLONG;
-				goto fail;
-			}
-			memmove(rest + k + 1, p, n + 1);
-			memcpy(rest, target, (size_t)k);
-			rest[k] = '/';
-			p = rest;
-			if (target[0] == '/') {
-				close(cur);
-				if ((cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) == -1 ||
-					fstat(cur, &st) == -1)
-					goto fail;
-				dev = st.st_dev;
-			}
-			continue;
-		}
-		close(cur);
-		cur = fd;
-		dev = at;
-	}
-fail:
-	e = errno;
-	if (cur >= 0)
-		close(cur);
-	return -e;
+	if (!users_fuse(j->table, dev, on, sizeof(on)))
+		return 0;
+	snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
+		"neighbour's server may never answer)", j->path, name, on);
+	return -EXDEV;
 }
 
-/* walk() of the path's text from cur (owned): the descriptor, or -errno. */
+/* The walk (tree_walk, as the kernel walks, judged) of the path's text
+ * (n bytes) from cur (owned), *links links followed before (and after):
+ * the descriptor, or -errno (-EXDEV with why). */
 static int
 walk_text(struct fs_table *t, const char *text, size_t n, int cur, int *links,
 	const char *path, char *why, size_t len)
 {
-	size_t cap = 2 * PATH_MAX + 2;
-	char *rest;
+	struct judged j = { t, path };
+	struct tree_walk w = { .judge = judge, .ctx = &j, .links = *links };
+	char *copy;
 	int r;
 
 	if (n >= PATH_MAX) {
 		close(cur);
 		return -ENAMETOOLONG;
 	}
-	if ((rest = malloc(cap)) == NULL) {
+	if ((copy = strndup(text, n)) == NULL) {
 		close(cur);
 		return -ENOMEM;
 	}
-	memcpy(rest, text, n);
-	rest[n] = '\0';
-	r = walk(t, rest, cap, cur, links, path, why, len);
-	free(rest);
+	r = tree_walk(cur, copy, &w, why, len);
+	*links = w.links;
+	free(copy);
+	close(cur);
 	return r;
 }
 

@@ -302,44 +302,44 @@ tree_openat2(int at, const char *rel, unsigned long long flags, unsigned long lo
 #define WALK_LINKS 40
 #define WALK_DEPTH 256
 
-/*
- * open_across's walk of rel beneath t, one name at a time, each looked
- * up (O_PATH|O_NOFOLLOW) in the directory before it, which is on the
- * tree's filesystem or on a mount dev_ok took: a mount crossed is stepped
- * onto with O_PATH only (nothing opened or looked up on it), and judged
- * by its device (statx AT_STATX_DONT_SYNC: no server asked) before any
- * name is looked up in it. ".." is the directory the walk came from (the
- * walk's own stack: a ".." above the tree's root leaves it); a link is
- * read (readlinkat) and its text walked in its place, at most 40; an
- * absolute one leaves the tree. Nothing to race: no table is read before
- * the walk, and no path is walked twice (review rev205 H3). The judged
- * file's O_PATH descriptor; -1 and errno EXDEV where rel leaves the tree
- * (for the caller to explain), or another errno; -2 with the message set
- * where dev_ok refused a mount.
- */
+/* The device of the directory fd, told with no server asked; 0 or -1. */
 static int
-walk_judged(const struct model_tree *t, const char *rel, const char *path)
+dev_of(int fd, dev_t *dev)
 {
-	int stack[WALK_DEPTH], depth = 0, links = 0, fd = -1, e, r = -1;
-	char *rest = malloc(2 * PATH_MAX + 2), *p, *name, why[128], target[PATH_MAX];
+	struct statx sx;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
+		return -1;
+	*dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	return 0;
+}
+
+int
+tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
+{
+	int stack[WALK_DEPTH], depth = 0, fd = -1, r = -1, e;
+	size_t cap = 2 * PATH_MAX + 2, n = strlen(rel);
+	char *rest, *p, *name, target[PATH_MAX];
 	dev_t devs[WALK_DEPTH], dev;
 	struct statx sx;
-	size_t n;
 
-	if (rest == NULL) {
-		errno = ENOMEM;
-		return -1;
-	}
-	stack[0] = t->fd;
-	if (statx(t->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
+	w->refused = false;
+	if (n >= cap)
+		return -ENAMETOOLONG;
+	if ((rest = malloc(cap)) == NULL)
+		return -ENOMEM;
+	memcpy(rest, rel, n + 1);
+	if ((stack[0] = fcntl(at, F_DUPFD_CLOEXEC, 0)) == -1 || dev_of(stack[0], &devs[0]) == -1)
 		goto out;
-	devs[0] = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-	snprintf(rest, 2 * PATH_MAX + 2, "%s", rel);
 	for (p = rest;;) {
 		while (*p == '/')
 			p++;
-		if (*p == '\0') {
-			errno = EISDIR; /* rel names a directory: no model file */
+		if (*p == '\0') { /* ended by "/", ".", "..", or nothing */
+			if (w->beneath) {
+				errno = EISDIR; /* a directory: no model file */
+				goto out;
+			}
+			r = stack[depth--];
 			goto out;
 		}
 		name = p;
@@ -348,7 +348,7 @@ walk_judged(const struct model_tree *t, const char *rel, const char *path)
 			*p++ = '\0';
 		if (strcmp(name, ".") == 0)
 			continue;
-		if (strcmp(name, "..") == 0) {
+		if (w->beneath && strcmp(name, "..") == 0) {
 			if (depth == 0) {
 				errno = EXDEV;
 				goto out;
@@ -356,50 +356,61 @@ walk_judged(const struct model_tree *t, const char *rel, const char *path)
 			close(stack[depth--]);
 			continue;
 		}
-		if ((fd = tree_openat2(stack[depth], name, O_PATH | O_NOFOLLOW | O_CLOEXEC,
-			     RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)) == -1)
-			goto out;
-		if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-			    STATX_TYPE, &sx) == -1)
+		if ((fd = file_openat(stack[depth], name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) == -1 ||
+			statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
+				STATX_TYPE, &sx) == -1)
 			goto out;
 		dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-		if (dev != devs[depth] && tree_mounts->dev_ok(dev, why, sizeof(why)) < 0) {
-			error_set(-EXDEV, "%s: lies on %s, across a mount inside the model's "
-				"tree %s: wcached does not open it (a FUSE or network server that "
-				"never answers an open would hold wcached; put the model's "
-				"directory itself there)", path, why, t->root);
-			r = -2;
+		if (dev != devs[depth] && (e = w->judge(w->ctx, dev, name, why, len)) < 0) {
+			w->refused = true;
+			r = e;
 			goto out;
 		}
 		if (S_ISLNK(sx.stx_mode)) {
 			ssize_t k = readlinkat(fd, "", target, sizeof(target) - 1);
 
-			close(fd);
-			fd = -1;
 			if (k < 0)
 				goto out;
+			close(fd);
+			fd = -1;
+			target[k] = '\0';
 			n = strlen(p);
-			if (++links > WALK_LINKS || target[0] == '/' ||
-				(size_t)k + 1 + n + 1 > 2 * PATH_MAX + 2) {
-				errno = links > WALK_LINKS ? ELOOP : target[0] == '/' ? EXDEV :
-					ENAMETOOLONG;
+			if (++w->links > WALK_LINKS || (w->beneath && target[0] == '/') ||
+				(size_t)k + 1 + n + 1 > cap) {
+				errno = w->links > WALK_LINKS ? ELOOP :
+					w->beneath && target[0] == '/' ? EXDEV : ENAMETOOLONG;
 				goto out;
 			}
 			memmove(rest + k + 1, p, n + 1);
 			memcpy(rest, target, (size_t)k);
 			rest[k] = '/';
 			p = rest;
+			if (target[0] == '/') { /* not beneath: again from "/" */
+				for (; depth > 0; depth--)
+					close(stack[depth]);
+				close(stack[0]);
+				stack[0] = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+				if (stack[0] == -1 || dev_of(stack[0], &devs[0]) == -1)
+					goto out;
+			}
 			continue;
 		}
 		while (*p == '/')
 			p++;
 		if (*p == '\0') {
-			r = fd; /* the file: judged */
+			r = fd; /* the last name: judged */
 			fd = -1;
 			goto out;
 		}
-		if (!S_ISDIR(sx.stx_mode) || depth + 1 == WALK_DEPTH) {
-			errno = S_ISDIR(sx.stx_mode) ? ENAMETOOLONG : ENOTDIR;
+		if (!S_ISDIR(sx.stx_mode)) {
+			errno = ENOTDIR;
+			goto out;
+		}
+		if (!w->beneath) { /* no stack: ".." is the kernel's */
+			close(stack[0]);
+			depth = -1;
+		} else if (depth + 1 == WALK_DEPTH) {
+			errno = ENAMETOOLONG;
 			goto out;
 		}
 		stack[++depth] = fd;
@@ -410,11 +421,46 @@ out:
 	e = errno;
 	if (fd >= 0)
 		close(fd);
-	while (depth > 0)
-		close(stack[depth--]);
+	for (; depth >= 0; depth--)
+		if (stack[depth] >= 0)
+			close(stack[depth]);
 	free(rest);
-	errno = e;
-	return r;
+	return r >= 0 || w->refused ? r : -e;
+}
+
+/* tree_walk's judge under tree_mounts: its dev_ok. */
+static int
+judge_mount(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+{
+	(void)ctx;
+	(void)name;
+	return tree_mounts->dev_ok(dev, why, len);
+}
+
+/*
+ * open_across's walk of rel beneath t (tree_walk, judged by tree_mounts'
+ * dev_ok). The judged file's O_PATH descriptor; -1 and errno EXDEV where
+ * rel leaves the tree (for the caller to explain), or another errno; -2
+ * with the message set where dev_ok refused a mount.
+ */
+static int
+walk_judged(const struct model_tree *t, const char *rel, const char *path)
+{
+	struct tree_walk w = { .judge = judge_mount, .beneath = true };
+	char why[128];
+	int fd = tree_walk(t->fd, rel, &w, why, sizeof(why));
+
+	if (fd >= 0)
+		return fd;
+	if (w.refused) {
+		error_set(-EXDEV, "%s: lies on %s, across a mount inside the model's tree %s: "
+			"wcached does not open it (a FUSE or network server that never answers "
+			"an open would hold wcached; put the model's directory itself there)",
+			path, why, t->root);
+		return -2;
+	}
+	errno = -fd;
+	return -1;
 }
 
 /*

@@ -117,6 +117,43 @@ struct tree_mounts {
 };
 extern const struct tree_mounts *tree_mounts;
 
+/*
+ * A walk of a path one name at a time, the one both of wcached's judged
+ * walks are (beneath a model's tree: tree_mounts above; a model's path
+ * from "/": daemon/mountrule.h): each name is looked up (O_PATH |
+ * O_NOFOLLOW) in the directory before it, a link is read (readlinkat) and
+ * its text walked in its place, at most 40, and each mount crossed (a
+ * name whose device, told by statx(2) with AT_STATX_DONT_SYNC, no server
+ * asked, is not its directory's) is stepped onto with O_PATH only and
+ * judged before anything on it is looked up. Nothing is walked twice and
+ * no table is read before the walk (review rev205 H3).
+ *  - judge(ctx, dev, name, why, len): 0 to go on across the mount on dev
+ *    that name (a name of the path or of a link's text) is on; or -errno,
+ *    with why set, to refuse it.
+ *  - beneath: the walk stays beneath the directory it starts from: ".."
+ *    is the directory the walk came from, and ".." above the start or an
+ *    absolute link is EXDEV; what is walked to must be named by a name
+ *    (a path of nothing, or ending in "." or "..", is EISDIR: no model
+ *    file). Else the walk goes as the kernel's: ".." is the parent, and an
+ *    absolute link starts again from "/".
+ *  - links: those followed before the walk (a walk that goes on from a
+ *    directory an earlier one reached), and after it those in all.
+ *  - refused: set when judge refused (its code returned, why its line).
+ */
+struct tree_walk {
+	int (*judge)(void *ctx, dev_t dev, const char *name, char *why, size_t len);
+	void *ctx;
+	bool beneath;
+	int links;
+	bool refused;
+};
+
+/* The walk of rel from the directory at (not closed) as w says: an O_PATH
+ * descriptor of what rel names, or -errno (ELOOP past 40 links,
+ * ENAMETOOLONG past 256 directories deep beneath the start, EXDEV leaving
+ * it, or the judge's code with w->refused set). */
+int tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len);
+
 /* Set by the unit tests to exercise the fallback for kernels without
  * openat2; not for other use. */
 extern int tree_force_fallback;

@@ -63,18 +63,14 @@ def test_a_warm_restarts_refused_file_is_logged_with_the_mount_and_why(tmp_path)
     of generation 1's files by path refuses the shard's, generation 1
     serves on (its stored files are intact), and the line that says its
     path leads elsewhere now names the mount and why."""
-    from test_warm_restart import start
+    from test_warm_restart import start, start_stored_model
     from fakemanager import FakeManager
     mdir, shards = team_model(tmp_path)
     neighbours_file(mdir / "bob-evil", b"x")
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     d = Daemon(tmp_path, {"m": str(mdir)})
     try:
-        start(d, mgr)
-        ready(d, "m", 1)
-        mgr.wait_for(lambda m: "wc-desc" in m.store and any(
-            k.startswith("wc-1-") and k.endswith("-i") for k in m.store),
-            what="m's generation stored")
+        start_stored_model(d, mgr)
         assert d.stop() == 0, d.read_log()
         with HangFS(mdir / "bob-evil", *BOB, directory=False):
             link_over(mdir, shards[0][0])

@@ -86,6 +86,9 @@ all_as_stat(void)
 	same_as_stat("m/missing");
 	same_as_stat("m/sub/x.safetensors/y");
 	same_as_stat("m/sub/x.safetensors/..");
+	same_as_stat("m/sub/x.safetensors/.");
+	same_as_stat("m/rel/.");
+	same_as_stat("/");
 	same_as_stat("m/sub/..");
 	same_as_stat("m/sub/.");
 	same_as_stat("m/missing/x");

@@ -13,10 +13,17 @@
  * with EINTR, as a signal makes it on a FUSE or NFS mount, and goes through
  * when it is tried again. The __real_ symbols are weak, so a build without
  * those options still links; the test that needs them then reports SKIPPED.
+ *
+ * tree_walk, the walk both of wcached's judged walks are: beneath its
+ * start (a model's tree) and as the kernel walks (a model's path), and
+ * its judge asked at each mount crossed, before anything on the mount is
+ * looked up (in a mount namespace of the test's own: root; skipped
+ * elsewhere).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -25,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -432,10 +440,183 @@ test_interrupted(void **state)
 	assert_int_equal(tu_count_fds(), before);
 }
 
+/* ---- tree_walk ---- */
+
+/* A judge that counts its questions and refuses every mount when refuse
+ * is set (with its own code, -EPERM, to be told from a link leaving). */
+struct judge_log {
+	int asked;
+	bool refuse;
+	dev_t dev;
+	char name[64];
+};
+
+static int
+judge_log(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+{
+	struct judge_log *j = ctx;
+
+	j->asked++;
+	j->dev = dev;
+	snprintf(j->name, sizeof(j->name), "%s", name);
+	if (!j->refuse)
+		return 0;
+	snprintf(why, len, "%s refused", name);
+	return -EPERM;
+}
+
+/* tree_walk of rel from at as w (beneath or not): the descriptor's
+ * (dev, ino) must be path's, or the walk's code want. */
+static void
+walk_is(int at, const char *rel, struct tree_walk *w, const char *path, int want)
+{
+	char why[128];
+	struct stat a, b;
+	int fd = tree_walk(at, rel, w, why, sizeof(why));
+
+	if (path == NULL) {
+		assert_int_equal(fd, want);
+		return;
+	}
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &a), 0);
+	assert_int_equal(stat(path, &b), 0);
+	assert_true(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+	close(fd);
+}
+
+/* The walk's rules without mounts: beneath its start, ".." above it and an
+ * absolute link leave (EXDEV), a path that names a directory by "." is
+ * no file (EISDIR); as the kernel walks, both are followed; links counted
+ * across walks (ELOOP past 40); a name past a file is ENOTDIR. */
+static void
+test_walk_rules(void **state)
+{
+	struct judge_log j = { 0 };
+	struct tree_walk beneath = { .judge = judge_log, .ctx = &j, .beneath = true };
+	struct tree_walk kernel = { .judge = judge_log, .ctx = &j };
+	char *dir = tu_tmpdir(), p[PATH_MAX], q[PATH_MAX];
+	int at, before = tu_count_fds();
+
+	(void)state;
+	snprintf(p, sizeof(p), "%s/start", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/start/a", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	snprintf(p, sizeof(p), "%s/start/a/f", dir);
+	close(open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	snprintf(p, sizeof(p), "%s/outside", dir);
+	close(open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	snprintf(q, sizeof(q), "%s/start/a/f", dir);
+	snprintf(p, sizeof(p), "%s/start/abs", dir);
+	assert_int_equal(symlink(q, p), 0);
+	snprintf(p, sizeof(p), "%s/start/up", dir);
+	assert_int_equal(symlink("../outside", p), 0);
+	snprintf(p, sizeof(p), "%s/start/rel", dir);
+	assert_int_equal(symlink("a/./f", p), 0);
+	snprintf(p, sizeof(p), "%s/start", dir);
+	assert_true((at = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+
+	snprintf(q, sizeof(q), "%s/start/a/f", dir);
+	walk_is(at, "a/f", &beneath, q, 0);
+	walk_is(at, "rel", &beneath, q, 0);
+	walk_is(at, "a/../a/f", &beneath, q, 0);
+	walk_is(at, "abs", &beneath, NULL, -EXDEV);
+	assert_false(beneath.refused);
+	walk_is(at, "up", &beneath, NULL, -EXDEV);
+	walk_is(at, "../outside", &beneath, NULL, -EXDEV);
+	walk_is(at, "a/.", &beneath, NULL, -EISDIR);
+	walk_is(at, "", &beneath, NULL, -EISDIR);
+	walk_is(at, "a/f/x", &beneath, NULL, -ENOTDIR);
+	walk_is(at, "a/missing", &beneath, NULL, -ENOENT);
+	walk_is(at, "abs", &kernel, q, 0);
+	snprintf(q, sizeof(q), "%s/outside", dir);
+	walk_is(at, "up", &kernel, q, 0);
+	walk_is(at, "a/../../outside", &kernel, q, 0);
+	snprintf(q, sizeof(q), "%s/start/a", dir);
+	walk_is(at, "a/.", &kernel, q, 0);
+	walk_is(at, "a/f/.", &kernel, NULL, -ENOTDIR);
+	kernel.links = 40;
+	walk_is(at, "rel", &kernel, NULL, -ELOOP);
+	kernel.links = 39;
+	snprintf(q, sizeof(q), "%s/start/a/f", dir);
+	walk_is(at, "rel", &kernel, q, 0);
+	assert_int_equal(kernel.links, 40);
+	assert_int_equal(j.asked, 0);
+	close(at);
+	assert_int_equal(tu_count_fds(), before);
+	tu_rmtree(dir);
+}
+
+/*
+ * Mounts crossed: a tmpfs mounted on start/vol (reached by name, or by a
+ * link's text) is judged once per walk, by its device and the name it is
+ * on, before anything on it is looked up: refused, a missing name on it
+ * is the judge's refusal, not ENOENT, and nothing is held open. In a
+ * mount namespace of the test's own (root): skipped elsewhere.
+ */
+static void
+test_walk_judges_mounts(void **state)
+{
+	struct judge_log j = { 0 };
+	struct tree_walk beneath = { .judge = judge_log, .ctx = &j, .beneath = true };
+	struct tree_walk kernel = { .judge = judge_log, .ctx = &j };
+	char *dir, p[PATH_MAX], q[PATH_MAX], why[128] = "";
+	int at, before;
+	struct stat st;
+
+	(void)state;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		skip();
+	dir = tu_tmpdir();
+	before = tu_count_fds();
+	snprintf(p, sizeof(p), "%s/vol", dir);
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_int_equal(mount("vol", p, "tmpfs", 0, "size=1m"), 0);
+	assert_int_equal(stat(p, &st), 0);
+	snprintf(p, sizeof(p), "%s/vol/y", dir);
+	close(open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+	snprintf(p, sizeof(p), "%s/tovol", dir);
+	assert_int_equal(symlink("./vol/y", p), 0);
+	assert_true((at = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+
+	snprintf(q, sizeof(q), "%s/vol/y", dir);
+	walk_is(at, "vol/y", &beneath, q, 0);
+	assert_int_equal(j.asked, 1);
+	assert_true(j.dev == st.st_dev);
+	assert_string_equal(j.name, "vol");
+	walk_is(at, "tovol", &kernel, q, 0);
+	assert_int_equal(j.asked, 2);
+	assert_string_equal(j.name, "vol");
+	j.refuse = true;
+	assert_int_equal(tree_walk(at, "vol/missing", &beneath, why, sizeof(why)), -EPERM);
+	assert_true(beneath.refused);
+	assert_string_equal(why, "vol refused");
+	assert_int_equal(tree_walk(at, "tovol", &kernel, why, sizeof(why)), -EPERM);
+	assert_true(kernel.refused);
+	walk_is(at, "tovol/../x", &kernel, NULL, -EPERM);
+	assert_int_equal(j.asked, 5);
+	/* the mount's own root, by "..": judged too (from the mount) */
+	close(at);
+	snprintf(p, sizeof(p), "%s/vol", dir);
+	assert_true((at = open(p, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+	walk_is(at, "../tovol", &kernel, NULL, -EPERM);
+	assert_string_equal(j.name, "..");
+	j.refuse = false;
+	walk_is(at, "../vol/y", &kernel, q, 0);
+	close(at);
+	assert_int_equal(tu_count_fds(), before);
+	snprintf(p, sizeof(p), "%s/vol", dir);
+	assert_int_equal(umount(p), 0);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_walk_rules),
+		cmocka_unit_test(test_walk_judges_mounts),
 #define BOTH(t)                                                          \
 	cmocka_unit_test_setup_teardown(t, setup_openat2, teardown),     \
 		cmocka_unit_test_setup_teardown(t, setup_fallback, teardown), \
