@@ -3,6 +3,7 @@
  */
 #include "fstype.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -126,36 +127,84 @@ fstype_classify_name(const char *type, struct fs_info *out)
 			out->remote = true;
 }
 
-/* One mountinfo line's device and filesystem type (type has 64 bytes):
- * 0, or -1 when the line does not name both. Fields: id parent
- * major:minor root mountpoint options... - type source superoptions.
- * *user is the UID of a FUSE mount's user_id=UID super option, -1 where
- * there is none (or it is not a number). */
+/* The next blank-separated field of s from *at: its start, its length in
+ * *n (0 when there is none), *at past it. */
+static const char *
+next_field(const char *s, size_t *at, size_t *n)
+{
+	const char *f;
+
+	while (s[*at] != '\0' && isspace((unsigned char)s[*at]))
+		(*at)++;
+	f = s + *at;
+	while (s[*at] != '\0' && !isspace((unsigned char)s[*at]))
+		(*at)++;
+	*n = (size_t)(s + *at - f);
+	return f;
+}
+
+/* The UID of the super options opt's (n bytes: "rw,user_id=UID,...")
+ * first user_id= option, at the start or after a ',' (no other option's
+ * tail): -1 where there is none or it is not a number below 2^31. */
+static long
+user_id_of(const char *opt, size_t n)
+{
+	const char *end = opt + n, *o = opt, *d;
+	int64_t v = 0;
+
+	while (!(end - o > 8 && strncmp(o, "user_id=", 8) == 0)) {
+		const char *comma = memchr(o, ',', (size_t)(end - o));
+
+		if (comma == NULL)
+			return -1;
+		o = comma + 1;
+	}
+	for (d = o + 8; d < end && *d >= '0' && *d <= '9' && v <= INT32_MAX; d++)
+		v = v * 10 + (*d - '0');
+	return d > o + 8 && v <= INT32_MAX && (d == end || *d == ',') ? (long)v : -1;
+}
+
+/* One mountinfo line's device and filesystem type (type has 64 bytes: a
+ * longer one is cut there, the fields after it read where they are): 0,
+ * or -1 when the line does not name both. Fields: id parent major:minor
+ * root mountpoint options... - type source superoptions (the kernel
+ * escapes blanks in each as \040: the super options are the last field,
+ * never the source, which a FUSE mount's user names: fsname=). *user is
+ * the UID of a FUSE mount's user_id=UID super option, -1 where the line
+ * has none (or it is not a number). */
 static int
 parse_mount(const char *line, dev_t *dev, char *type, long *user)
 {
 	unsigned maj, min;
-	const char *sep = strstr(line, " - "), *opt;
-	char *end;
-	int n = 0;
+	const char *sep = strstr(line, " - "), *f, *opt = NULL;
+	size_t at = 0, n, optn = 0;
 
-	if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL ||
-		sscanf(sep + 3, "%63s %*s %n", type, &n) != 1)
+	if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL)
 		return -1;
+	sep += 3;
+	f = next_field(sep, &at, &n);
+	if (n == 0)
+		return -1;
+	snprintf(type, 64, "%.*s", (int)(n < 63 ? n : 63), f);
 	*dev = makedev(maj, min);
-	*user = -1;
-	/* ",user_id=" or at the super options' start: no other option's tail */
-	for (opt = n > 0 ? sep + 3 + n : NULL; opt != NULL && *opt != '\0';
-		opt = strchr(opt, ',') != NULL ? strchr(opt, ',') + 1 : NULL)
-		if (strncmp(opt, "user_id=", 8) == 0 && opt[8] >= '0' && opt[8] <= '9') {
-			errno = 0;
-			*user = strtol(opt + 8, &end, 10);
-			if (errno != 0 || (*end != ',' && *end != '\0' && *end != ' ') ||
-				*user > (long)INT32_MAX)
-				*user = -1;
-			break;
-		}
+	(void)next_field(sep, &at, &n); /* the source */
+	/* The super options: the last field after the source. */
+	while ((f = next_field(sep, &at, &n), n > 0)) {
+		opt = f;
+		optn = n;
+	}
+	*user = opt != NULL ? user_id_of(opt, optn) : -1;
 	return 0;
+}
+
+/* Whether mountinfo's type names a FUSE mount: "fuse" or "fuseblk", with
+ * a ".subtype" or not (not "fusectl", the connections' directory). */
+static bool
+fuse_type(const char *type)
+{
+	size_t n = strncmp(type, "fuseblk", 7) == 0 ? 7 : strncmp(type, "fuse", 4) == 0 ? 4 : 0;
+
+	return n > 0 && (type[n] == '\0' || type[n] == '.');
 }
 
 /* Adds line's mount to t, when it names one: 0 or -ENOMEM. */
@@ -179,9 +228,11 @@ add_mount(struct fs_mounts *t, const char *line)
 	}
 	t->mounts[t->n].dev = dev;
 	fstype_classify_name(type, &t->mounts[t->n].fs);
-	if (user > 0 && strcmp(t->mounts[t->n].fs.name, "fuse") == 0) {
+	/* A FUSE mount whose user_id the line does not say is a user's, by
+	 * no one known: fails closed. */
+	if (user != 0 && fuse_type(type)) {
 		t->mounts[t->n].fs.user_mount = true;
-		t->mounts[t->n].fs.mounter = (uid_t)user;
+		t->mounts[t->n].fs.mounter = user > 0 ? (uid_t)user : (uid_t)-1;
 	}
 	t->n++;
 	return 0;

@@ -26,7 +26,8 @@ struct fs_info {
 	bool remote;          /* a network or FUSE filesystem (see above) */
 	/* A FUSE mount a user made (fusermount3: mountinfo's super options say
 	 * user_id=UID, not 0), and that user: the mount table's only (0 and
-	 * false from statfs). */
+	 * false from statfs). A FUSE line whose user_id cannot be read is a
+	 * user's too, mounter (uid_t)-1: fails closed. */
 	bool user_mount;
 	uid_t mounter;
 };

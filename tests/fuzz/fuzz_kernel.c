@@ -47,8 +47,10 @@
  *       nothing when no hierarchy was found;
  *     - fstype's mountinfo: each line "ID PARENT MAJ:MIN ... - TYPE ..." in
  *       decimal is an entry, in order, of that device and type
- *       (fstype_classify_name), and fstype_mounts_find() answers for a
- *       device its first entry;
+ *       (fstype_classify_name) and of the user_id= of the super options,
+ *       the last field after the source, for a FUSE type (none or not a
+ *       number: a user's mount all the same), and fstype_mounts_find()
+ *       answers for a device its first entry;
  *   - a limit is decided by the first line (memory.max) or the first "KEY "
  *     line (memory.stat) and is what this file's own digit loop reads
  *     there: a decimal number below MEMLIMIT_NO_LIMIT, else 0 ("none");
@@ -148,7 +150,8 @@ getline_len(const char *text, size_t len, size_t at)
 static bool
 same_fs(const struct fs_info *a, const struct fs_info *b)
 {
-	return a->magic == b->magic && strcmp(a->name, b->name) == 0 && a->remote == b->remote;
+	return a->magic == b->magic && strcmp(a->name, b->name) == 0 && a->remote == b->remote &&
+	       a->user_mount == b->user_mount && a->mounter == b->mounter;
 }
 
 /* Is s terminated within cap bytes? */
@@ -416,6 +419,43 @@ oracle_mount(const char *line, unsigned *maj, unsigned *min, char *type)
 	return true;
 }
 
+/* This file's reading of who made a mountinfo line's mount (sep: after
+ * " - "): the fields split at blanks, the super options the last of three
+ * or more (never the source), their first ","-separated option that starts
+ * "user_id=" its value when all decimal digits below 2^31. A "fuse" or
+ * "fuseblk" type (".subtype" or not) with a value other than 0, or none,
+ * is a user's mount, by that user or (uid_t)-1. */
+static void
+oracle_user(const char *sep, struct fs_info *fs)
+{
+	char *copy = strdup(sep), *save = NULL, *field[3] = { NULL }, *f, *opt;
+	const char *t;
+	int64_t user = -1;
+	size_t n = 0;
+
+	CHECK(copy != NULL);
+	for (f = strtok_r(copy, " \t\n\v\f\r", &save); f != NULL;
+		f = strtok_r(NULL, " \t\n\v\f\r", &save), n++)
+		field[n < 2 ? n : 2] = f;
+	CHECK(field[0] != NULL); /* oracle_mount read a type there */
+	for (opt = n >= 3 ? strtok_r(field[2], ",", &save) : NULL; opt != NULL;
+		opt = strtok_r(NULL, ",", &save))
+		if (strncmp(opt, "user_id=", 8) == 0) {
+			user = opt[8] != '\0' ? 0 : -1;
+			for (const char *d = opt + 8; *d != '\0' && user >= 0; d++)
+				user = *d < '0' || *d > '9' || user * 10 + (*d - '0') > INT32_MAX ?
+					-1 : user * 10 + (*d - '0');
+			break;
+		}
+	t = strncmp(field[0], "fuseblk", 7) == 0 ? field[0] + 7 :
+	    strncmp(field[0], "fuse", 4) == 0   ? field[0] + 4 : NULL;
+	if (t != NULL && (*t == '\0' || *t == '.') && user != 0) {
+		fs->user_mount = true;
+		fs->mounter = user > 0 ? (uid_t)user : (uid_t)-1;
+	}
+	free(copy);
+}
+
 static void
 check_mount_table(const char *text, size_t len)
 {
@@ -445,6 +485,7 @@ check_mount_table(const char *text, size_t len)
 			CHECK(k < whole.n);
 			CHECK(whole.mounts[k].dev == makedev(maj, min));
 			fstype_classify_name(type, &fs);
+			oracle_user(strstr(l.line[i], " - ") + 3, &fs);
 			CHECK(same_fs(&whole.mounts[k].fs, &fs));
 			k++;
 		} else if (sscanf(l.line[i], "%*u %*u %u:%u", &maj, &min) == 2 &&

@@ -43,15 +43,17 @@ _HDR_IN = struct.Struct("<IIQQIIII")
 
 class HangFS:
     """A FUSE mount of bob's on target (a directory, or a regular file
-    where directory=False), allow_other, whose server answers INIT only."""
+    where directory=False), allow_other, whose server answers INIT only;
+    source and fstype as fusermount3 -o fsname=,subtype= would make them."""
 
-    def __init__(self, target, uid, gid, directory=True):
+    def __init__(self, target, uid, gid, directory=True, source=b"hangfs",
+                 fstype=b"fuse.hangfs"):
         self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         self.target = str(target)
         self.ops, self.pending = [], []
         mode = "040755" if directory else "100644"
         opts = f"fd={self.fd},rootmode={mode},user_id={uid},group_id={gid},allow_other"
-        if _libc.mount(b"hangfs", self.target.encode(), b"fuse.hangfs", 0, opts.encode()):
+        if _libc.mount(source, self.target.encode(), fstype, 0, opts.encode()):
             e = ctypes.get_errno()
             os.close(self.fd)
             raise OSError(e, os.strerror(e), self.target)

@@ -157,10 +157,82 @@ test_users_fuse_mount(void **state)
 	assert_int_equal(fstype_of_dev(path, makedev(0, 52), &fs), 0);
 	assert_true(fs.user_mount);
 	assert_int_equal(fs.mounter, 1000);
-	for (unsigned minor = 53; minor <= 56; minor++) {
+	assert_int_equal(fstype_of_dev(path, makedev(0, 54), &fs), 0);
+	assert_false(fs.user_mount);
+	/* A FUSE line whose user_id cannot be read (not a number, past 2^31,
+	 * no super options) is a user's mount, by no one known: fails closed. */
+	for (unsigned minor = 53; minor <= 56; minor += minor == 53 ? 2 : 1) {
 		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_true(fs.user_mount);
+		assert_int_equal(fs.mounter, (uid_t)-1);
+	}
+	unlink(path);
+}
+
+/* What a FUSE mount's user spells himself: fusermount3 -o subtype=
+ * (the type's tail, any length) and fsname= (the source field, blanks
+ * escaped \040 by the kernel). Neither is read as the super options: a
+ * type of 64 bytes or more cut the fields short, and the source
+ * "user_id=0" was read as root's mount (review rev207 H1). */
+static void
+test_users_fuse_mount_spelled_by_its_user(void **state)
+{
+	char text[4096], sixty[61], long_type[301];
+	const char *path;
+	struct fs_info fs;
+
+	(void)state;
+	memset(sixty, 'a', 60);
+	sixty[60] = '\0';
+	memset(long_type, 'b', 300);
+	long_type[300] = '\0';
+	snprintf(text, sizeof(text),
+		/* as real fusermount3 3.14 made it for uid 65534 */
+		"44 47 0:41 / /tmp/fm/mnt rw,nosuid,nodev,relatime - fuse.%s user_id=0 "
+		"rw,user_id=65534,group_id=65534,allow_other\n"
+		"45 47 0:42 / /tmp/fm/b rw - fuse.%s user_id=0,x rw,user_id=1000,group_id=1000\n"
+		"46 47 0:43 / /tmp/fm/c rw - fuse.x a\\040user_id=0 rw,user_id=1001,group_id=7\n"
+		"47 47 0:44 / /tmp/a\\040-\\040b rw - fuse.x rw,user_id=0 rw,user_id=1002\n"
+		/* root's, whatever its source says */
+		"48 47 0:45 / /mnt/s3 rw - fuse.s3fs user_id=1003 rw,user_id=0,group_id=0\n"
+		"49 47 0:46 / /mnt/d rw - fuseblk /dev/sdb1 rw,user_id=0,group_id=0,blksize=4096\n"
+		/* no super options: the source is not read as them */
+		"50 47 0:47 / /tmp/fm/d rw - fuse.%s user_id=0\n"
+		"51 47 0:48 / /tmp/fm/e rw - fuse.y user_id=0\n"
+		/* the fields after a type of exactly 63 and 64 bytes */
+		"52 47 0:49 / /tmp/fm/f rw - fuse.%.58s user_id=0 rw,user_id=1004\n"
+		"53 47 0:50 / /tmp/fm/g rw - fuse.%.59s user_id=0 rw,user_id=1005\n"
+		/* not FUSE: fusectl (the connections), nfs */
+		"54 47 0:51 / /sys/fs/fuse/connections rw - fusectl fusectl rw\n"
+		"55 47 0:52 / /mnt/n rw - nfs4 user_id=0 rw,user_id=1006\n",
+		sixty, long_type, sixty, long_type, long_type);
+	path = mountinfo(text);
+	for (unsigned minor = 41; minor <= 44; minor++) {
+		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_string_equal(fs.name, "fuse");
+		assert_true(fs.user_mount);
+		assert_int_equal(fs.mounter, minor == 41 ? 65534 : 1000 + (minor - 42));
+	}
+	for (unsigned minor = 45; minor <= 46; minor++) {
+		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_string_equal(fs.name, "fuse");
 		assert_false(fs.user_mount);
 	}
+	for (unsigned minor = 47; minor <= 48; minor++) {
+		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_true(fs.user_mount);
+		assert_int_equal(fs.mounter, (uid_t)-1);
+	}
+	for (unsigned minor = 49; minor <= 50; minor++) {
+		assert_int_equal(fstype_of_dev(path, makedev(0, minor), &fs), 0);
+		assert_true(fs.user_mount);
+		assert_int_equal(fs.mounter, 1004 + (minor - 49));
+	}
+	assert_int_equal(fstype_of_dev(path, makedev(0, 51), &fs), 0);
+	assert_false(fs.user_mount);
+	assert_int_equal(fstype_of_dev(path, makedev(0, 52), &fs), 0);
+	assert_string_equal(fs.name, "nfs");
+	assert_false(fs.user_mount);
 	unlink(path);
 }
 
@@ -469,6 +541,7 @@ main(void)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_device_in_mountinfo),
 		cmocka_unit_test(test_users_fuse_mount),
+		cmocka_unit_test(test_users_fuse_mount_spelled_by_its_user),
 		cmocka_unit_test(test_mount_table),
 		cmocka_unit_test(test_mount_table_from_bytes),
 		cmocka_unit_test(test_own_mount_table),
