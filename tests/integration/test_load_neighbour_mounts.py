@@ -31,7 +31,7 @@ from test_watch_backoff import shard_files, write_file
 from test_watch_writer_neighbours import BOB, neighbours_file
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from fusehang import FuseHang, blocked_in_fuse, skip_reason  # noqa: E402
+from fusehang import FuseHang, blocked_in_fuse, neighbours_place  # noqa: E402
 
 
 def error_of(d, name):
@@ -46,12 +46,7 @@ def test_a_neighbours_fuse_index_beside_a_one_file_directory_model_hangs_nothing
     on it that never answers an open, and makes any entry in m/: the
     reload that follows does not open his index (a remote mount is on the
     name), and loads m's one file; so does the operator's reload."""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    model_dir = tmp_path / "m"
-    model_dir.mkdir()
-    os.chmod(tmp_path, 0o755)
+    model_dir = neighbours_place(tmp_path, "m")
     mkmodel(str(model_dir / "model.safetensors"))
     os.chmod(model_dir, 0o1777)
     d = Daemon(tmp_path, {"m": str(model_dir)}).start()
@@ -79,12 +74,7 @@ def team_model(tmp_path):
     """Skips without FUSE; else m/, root's directory model of two shards and
     their index in a team directory (2775, group 64100, bob a member): m/
     and the shards' [(name, bytes)]."""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    mdir = tmp_path / "m"
-    mdir.mkdir()
-    os.chmod(tmp_path, 0o755)
+    mdir = neighbours_place(tmp_path, "m")
     shards, index = shard_files(tmp_path, 1, 2)
     for name, data in shards:
         write_file(mdir / name, data)

@@ -12,20 +12,16 @@ check refuse it with one line instead of waiting for good. The mounts are
 made with mount(2) as root with bob's user_id, as fusermount3 would make
 them for bob; the tests skip, saying why, without root or /dev/fuse.
 
-HangFS answers INIT and nothing else (no LOOKUP, GETATTR, OPENDIR, OPEN,
-STATFS...): the worst neighbour's server. Closing it fails what it left
-unanswered (a thread blocked on it goes on), so each test checks for
+fusehang.HangFS answers INIT and nothing else (no LOOKUP, GETATTR, OPENDIR,
+OPEN, STATFS...): the worst neighbour's server. Closing it fails what it
+left unanswered (a thread blocked on it goes on), so each test checks for
 blocked threads *while* the mount is there (fusehang.blocked_in_fuse).
 """
 import ctypes
 import os
-import struct
 import subprocess
 import sys
-import threading
 import time
-
-import pytest
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import binary, model_entry
@@ -34,70 +30,9 @@ from test_watch_writer_neighbours import BOB, neighbours_file
 from test_load_neighbour_mounts import team_model, error_of
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from fusehang import blocked_in_fuse, skip_reason  # noqa: E402
+from fusehang import HangFS, blocked_in_fuse, neighbours_place  # noqa: E402
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_INIT, _FORGET, _BATCH_FORGET, _INTERRUPT = 26, 2, 42, 36
-_HDR_IN = struct.Struct("<IIQQIIII")
-
-
-class HangFS:
-    """A FUSE mount of bob's on target (a directory, or a regular file
-    where directory=False), allow_other, whose server answers INIT only;
-    source and fstype as fusermount3 -o fsname=,subtype= would make them."""
-
-    def __init__(self, target, uid, gid, directory=True, source=b"hangfs",
-                 fstype=b"fuse.hangfs"):
-        self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        self.target = str(target)
-        self.ops, self.pending = [], []
-        mode = "040755" if directory else "100644"
-        opts = f"fd={self.fd},rootmode={mode},user_id={uid},group_id={gid},allow_other"
-        if _libc.mount(source, self.target.encode(), fstype, 0, opts.encode()):
-            e = ctypes.get_errno()
-            os.close(self.fd)
-            raise OSError(e, os.strerror(e), self.target)
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                buf = os.read(self.fd, 1 << 20)
-            except OSError:
-                return
-            _, op, unique, _, _, _, _, _ = _HDR_IN.unpack_from(buf)
-            if op == _INIT:
-                body = struct.pack("<IIIIHHIIHHI7I", 7, 31, 0, 0, 0, 0, 4096, 0, 0, 0, 0,
-                                   *([0] * 7))
-                os.write(self.fd, struct.pack("<IiQ", 16 + len(body), 0, unique) + body)
-            elif op not in (_FORGET, _BATCH_FORGET, _INTERRUPT):
-                self.ops.append(op)  # never answered (until close)
-                self.pending.append(unique)
-
-    def close(self):
-        """Fails every request left unanswered (EIO: the threads blocked
-        go on), then detaches the mount (its connection ends with it)."""
-        if self.fd < 0:
-            return
-        self._fail_pending()
-        subprocess.run(["umount", "-l", self.target], stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        self._fail_pending()  # sent meanwhile
-        os.close(self.fd)
-        self.fd = -1
-
-    def _fail_pending(self):
-        for unique in list(self.pending):
-            try:
-                os.write(self.fd, struct.pack("<IiQ", 16, -5, unique))
-            except OSError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def where(pid, stuck):
@@ -206,19 +141,24 @@ def test_the_operators_reload_of_a_team_directory_model_under_a_neighbours_mount
         assert d.stop() == 0, d.read_log()[-3000:]
 
 
-def one_file_team_model(tmp_path):
+def team_directory(tmp_path, *model):
     """Skips without FUSE; else team/ (2775, group 64100, bob a member)
-    holding root's one-file model model.safetensors and bob's file
-    bob-evil: (team, bob-evil)."""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    team = tmp_path / "team"
-    team.mkdir()
-    os.chmod(tmp_path, 0o755)
-    mkmodel(str(team / "model.safetensors"))
+    holding root's one-file model at team/MODEL... (the names of the path
+    below team/, the directories made): team/."""
+    team = neighbours_place(tmp_path, "team")
+    path = team.joinpath(*model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mkmodel(str(path))
     os.chown(team, 0, BOB[1])
     os.chmod(team, 0o2775)
+    return team
+
+
+def one_file_team_model(tmp_path):
+    """Skips without FUSE; else team/ (team_directory) holding root's
+    one-file model model.safetensors and bob's file bob-evil: (team,
+    bob-evil)."""
+    team = team_directory(tmp_path, "model.safetensors")
     evil = team / "bob-evil"
     neighbours_file(evil, b"x")
     return team, evil
@@ -252,7 +192,7 @@ def test_a_neighbours_link_over_a_one_file_model_in_a_team_directory_hangs_nothi
 def test_a_neighbours_link_into_his_fuse_directory_inside_the_tree_hangs_nothing(tmp_path):
     """A guard (passed before): m/ a team directory model; bob
     makes his directory bobdir/ in it, mounts his server on it (a
-    directory: fusehang mounts files only), and renames a link
+    directory), and renames a link
     `<shard> -> bobdir/x` over a shard. Expected (README): refused, naming
     the mount; nothing waits."""
     mdir, shards = team_model(tmp_path)
@@ -312,17 +252,8 @@ def test_a_neighbours_fuse_mount_on_the_team_directory_above_the_tree_hangs_noth
     may; m/ is the same directory after). The reload that follows walks
     /.../team/m: LOOKUP of m in his server. (An entry of another name in
     team/ reloads nothing: m/ is not reloaded for it.)"""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    team = tmp_path / "team"
-    team.mkdir()
-    os.chmod(tmp_path, 0o755)
+    team = team_directory(tmp_path, "m", "model.safetensors")
     mdir = team / "m"
-    mdir.mkdir()
-    mkmodel(str(mdir / "model.safetensors"))
-    os.chown(team, 0, BOB[1])
-    os.chmod(team, 0o2775)
     d = Daemon(tmp_path, {"m": str(mdir)}).start()
     try:
         ready(d, "m", 1)

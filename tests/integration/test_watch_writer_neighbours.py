@@ -28,7 +28,7 @@ from test_warm_restart import shard_files
 from test_watch_writer import OPEN_FOR_WRITING
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from fusehang import FuseHang, blocked_in_fuse, skip_reason  # noqa: E402
+from fusehang import FuseHang, blocked_in_fuse, neighbours_place  # noqa: E402
 
 # A neighbour: neither wcached's user nor the models' owner.
 BOB = (64112, 64100)
@@ -69,12 +69,7 @@ def test_a_neighbours_fuse_mount_beside_a_directory_model_is_never_opened(tmp_pa
     shard indexes"). wcached asks for the reload's writers without opening
     bob's file: no thread waits on his server, the failure is the model's
     error, and once bob takes his index back m reloads."""
-    why = skip_reason()
-    if why is not None:
-        pytest.skip(why)
-    model_dir = tmp_path / "m"
-    model_dir.mkdir()
-    os.chmod(tmp_path, 0o755)
+    model_dir = neighbours_place(tmp_path, "m")
     write_index_model(tmp_path, model_dir)
     os.chmod(model_dir, 0o1777)
     d = Daemon(tmp_path, {"m": str(model_dir)}).start()
