@@ -11,7 +11,10 @@ whose check of the stored generation failed, nor a config reload's retry
 of a model whose watched reload failed otherwise (review rev201 H1, H4);
 nor the next warm restart, nor one whose configured link leads into such
 a place, nor a config reload's retry of a remote generation gone from its
-server (review rev203 H1-H3)."""
+server (review rev203 H1-H3). Then review rev201's model trees in such
+places (a model whose load failed, one that is one file straight in one),
+and a config reload's retry of a model a neighbour left nothing to judge
+by at a cold start (review rev204 H1)."""
 import contextlib
 import os
 import re
@@ -20,14 +23,13 @@ import time
 
 import pytest
 
-from conftest import Daemon, as_user, mkmodel
+from conftest import Daemon, as_user, mkmodel, wait_until
 from ctlutil import ctl, model_entry
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
-from test_rev199 import warm_restart
 from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID,
                               after_a_warm_restart, alice_v2_beside_bobs_model, as_alice, as_bob,
-                              made_by, roots_private_model, served)
-from test_warm_restart import start
+                              made_by, roots_private_model, served, sharded_model, warm_restart)
+from test_warm_restart import ready, start
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -539,3 +541,252 @@ def test_a_model_nothing_serves_kept_changing_is_not_served_by_a_config_reload(t
                          r'reload wcached makes by itself', d.read_log()), d.read_log()
         assert r.returncode == 1, r
         assert "waits_for_reload" in model_entry(d, "llama")
+
+
+# Review rev201: model trees in places others may rename entries in (a
+# team's 2775 directory): a model whose load failed, a model that is one
+# file straight in such a place (or whose directory is one), and groups
+# that are not private after all.
+
+def refused(d, reason, what, number=2):
+    """wcached's own load of "llama" waits for the operator with reason in
+    its line: no generation number of it (root's private model) is made."""
+    _, line = d.wait_for_log(r'model "llama": (.*its path|.*its file|generation %d from)'
+                             % number, timeout=60)
+    log = d.read_log()
+    assert 'model "llama": generation %d from' % number not in log, \
+        "root's private model served as llama %s:\n%s" % (what, log)
+    assert reason in line and "wcachectl reload llama" in line, line
+    assert "waits_for_reload" in model_entry(d, "llama")
+    return line
+
+
+def renamed_while_served(tmp_path, path, rename, reason, what, number=2,
+                         served=r'model "llama": generation 1 warm'):
+    """wcached serves "llama" from path (or failed to: served, the line to
+    wait for); rename() (bob's) then makes its own load wait (refused)."""
+    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(served)
+        rename()
+        return refused(d, reason, what, number)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def llama_beside_secret(shared):
+    """root's model directory llama and root's private secret in shared."""
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    return llama
+
+
+def test_roots_private_dir_renamed_over_a_model_whose_first_load_failed_waits(tmp_path):
+    """rev199 H1-H3 for a model with no generation: root's llama in a 2775
+    team place holds a model not loadable yet (a deploy still copying: a
+    truncated file), so the config's load fails and nothing serves. bob:
+    `mv llama llama.old && mv secret llama`. The watched reload kept the
+    tree the operator's load found (its path and owner, no inode) and bound
+    nothing, as no generation serves: root's private model was "llama"
+    generation 1. Now every directory and link in such a place must be one
+    a generation serving was loaded through: none here, so it waits."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    llama = llama_beside_secret(shared)
+    with open(os.path.join(llama, "model.safetensors"), "r+b") as fh:
+        fh.truncate(1000)
+    line = renamed_while_served(tmp_path, llama,
+                                lambda: as_bob("mv llama llama.old && mv secret llama", shared),
+                                "goes through the directory %s" % llama,
+                                "after its first load failed", 1, r'error: model "llama"')
+    assert "or none serves" in line, line
+
+
+def one_file_in_a_2775_place(tmp_path):
+    """root's model that is one file, llama.safetensors, straight in a team
+    place 2775, beside root's private secret.safetensors."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    return shared, f
+
+
+def test_roots_other_file_renamed_over_a_one_file_model_in_a_2775_place_waits(tmp_path):
+    """bob renames root's private file over the model's name (`mv
+    secret.safetensors llama.safetensors`): a file of the owner of the file
+    serving, one link, in the same place (the tree of a model that is one
+    file straight in it): it was served at once. Now a file in such a
+    directory that is not one of the files serving waits, whoever owns it."""
+    shared, f = one_file_in_a_2775_place(tmp_path)
+    renamed_while_served(tmp_path, f,
+                         lambda: as_bob("mv secret.safetensors llama.safetensors", shared),
+                         "its file %s is not one of the files serving" % f,
+                         "at run time (bob's rename over the model's file)")
+
+
+def test_a_shard_renamed_over_in_a_2775_model_directory_waits(tmp_path):
+    """The same for a sharded model whose directory is the team's 2775 one:
+    bob renames root's private file over a shard."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "model.safetensors"), layers=3, seed=1)
+    sharded_model(shared, f)
+    shard = os.path.join(shared, "s.safetensors")
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    renamed_while_served(tmp_path, shared,
+                         lambda: as_bob("mv secret.safetensors s.safetensors", shared),
+                         "its file %s is not one of the files serving" % shard,
+                         "after bob's rename over a shard")
+
+
+def test_roots_0775_dir_of_group_root_is_a_place_others_rename_in(tmp_path):
+    """A 0775 root:root directory (container images' `chgrp -R 0 && chmod -R
+    g=u`; OpenShift's arbitrary uid always runs in group 0) was taken for one
+    root alone may write, gid 0 being root's primary group, named root, with
+    no member listed. But any process holding gid 0 may rename there (bob
+    here, as a pod's user): `mv llama llama.old && mv secret llama` served
+    root's private model as llama. Root's group is never private now."""
+    shared = made_by(tmp_path / "shared", 0, 0o775)
+    os.chown(shared, 0, 0)
+    llama = llama_beside_secret(shared)
+    renamed_while_served(
+        tmp_path, llama,
+        lambda: subprocess.run(["setpriv", "--reuid=64103", "--regid=0", "--clear-groups",
+                                "/bin/sh", "-ec", "mv llama llama.old && mv secret llama"],
+                               cwd=shared, check=True),
+        "its path %s resolves into %s still, but that is another directory" % (llama, llama),
+        "after a gid-0 process renamed it in")
+
+
+# Loads wcached makes without the operator's word in places others may
+# rename entries in (review rev204 H1): a config reload's retry of a model
+# whose load at a cold start a neighbour made find nothing to judge by (a
+# link to itself, or a dangling link whose text holds '..', at its name)
+# is judged now, and waits for the operator's `wcachectl reload NAME` where
+# its path goes through such a place; in a private place the operator's
+# own fix loads as before (the warm restarts of H3: test_restart_judged).
+
+JUDGED_RETRY = (r'model "llama": its load failed: .*; the reload loads it again as a reload '
+                r'wcached makes by itself, judged against the tree the operator\'s last load')
+
+
+def config_reload_judges(tmp_path, bobs_move, failed):
+    """test_reload_refused's team layout; bob, before a cold start, runs
+    bobs_move in team (llama renamed aside, maybe a link left at its name):
+    the load at start fails (its line matching failed). bob renames team
+    aside and root's private directory other at team, above the
+    directories watched (no reload). A config reload that changes nothing
+    must not serve root's private model: wcached's own reload, judged
+    against the place the operator's load named, refused; the model
+    waits."""
+    shared, team, llama = team_layout(tmp_path)
+    as_bob(bobs_move, team)
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": .*' + failed)
+        as_bob("mv team team.old && mv other team", shared)
+        time.sleep(3)   # anything the watch would do by itself comes meanwhile
+        secret_never_served(d, "by the watch")
+        r = ctl(d, "reload")
+        secret_never_served(d, "by a config reload")
+        log = d.read_log()
+        assert re.search(JUDGED_RETRY, log), log
+        assert r.returncode == 1, r
+        assert re.search(r'model "llama": its path .*team/llama goes through the directory '
+                         r'.*wcachectl reload llama', log), log
+        assert "waits_for_reload" in model_entry(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_loop_link_at_a_cold_start_then_a_rename_above_is_not_served_by_a_config_reload(
+        tmp_path):
+    """bob's link to itself at llama: the load at start fails (Too many
+    levels of symbolic links) and recorded neither a tree nor a place; the
+    config reload retried it as the operator's load."""
+    config_reload_judges(tmp_path, "mv llama llama.x && ln -s llama llama",
+                         "Too many levels of symbolic links")
+
+
+def test_a_dangling_dotdot_link_at_a_cold_start_then_a_rename_above_is_not_served(tmp_path):
+    """bob's dangling link whose text holds '..' at llama: the load fails
+    (No such file or directory), and the place its links lead to could not
+    be told by their spelling."""
+    config_reload_judges(tmp_path, "mv llama llama.x && ln -s nothing/../llama.y llama",
+                         "No such file or directory")
+
+
+def test_a_name_renamed_aside_at_a_cold_start_then_a_rename_above_waits(tmp_path):
+    """The same with no link, llama just renamed aside before the start:
+    the load records the place it named nothing at (as before)."""
+    config_reload_judges(tmp_path, "mv llama llama.x", "No such file or directory")
+
+
+def test_the_operators_loop_link_fixed_in_a_private_place_loads_at_a_config_reload(tmp_path):
+    """Control: in root's own 0755 directory the operator's link at llama
+    points at itself by mistake (the load at start fails); she puts the
+    model directory there and reloads the configuration: it loads."""
+    srv = made_by(tmp_path / "srv", 0)
+    llama = os.path.join(srv, "llama")
+    real = made_by(os.path.join(srv, "llama.real"), 0)
+    mkmodel(os.path.join(real, "model.safetensors"), seed=1)
+    os.symlink("llama", llama)
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": .*Too many levels of symbolic links')
+        os.unlink(llama)
+        os.rename(real, llama)
+        r = ctl(d, "reload")
+        assert r.returncode == 0, r.stdout + r.stderr + d.read_log()
+        wait_until(lambda: ready(d, "llama"), what="llama ready")
+        assert "generation 1" in served(d, "llama")
+        assert "waits_for_reload" not in model_entry(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_roots_file_renamed_at_a_one_file_model_whose_load_at_start_failed_waits(tmp_path):
+    """root's one-file llama.safetensors straight in a 2775 place, root's
+    private secret.safetensors beside it. bob renames llama aside before a
+    cold start (the load fails: No such file; the place is recorded), then
+    renames secret at its name: neither the watch nor a config reload
+    serves root's private file."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    as_bob("mv llama.safetensors llama.old", shared)
+    d = Daemon(tmp_path, {"llama": f}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": .*No such file or directory')
+        as_bob("mv secret.safetensors llama.safetensors", shared)
+        time.sleep(3)
+        secret_never_served(d, "by the watch")
+        ctl(d, "reload")
+        secret_never_served(d, "by a config reload")
+        assert "waits_for_reload" in model_entry(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+REMOTE = {"poll_interval": "2", "stage": "no"}
+
+
+def test_a_loop_link_at_a_cold_start_on_a_polled_remote_place_is_not_served_by_a_config_reload(
+        tmp_path):
+    """A 2775 place on a polled remote filesystem (stage = no): bob leaves a
+    link to itself at llama before a cold start, then renames root's
+    private secret at llama and keeps it "still changing": the config
+    reload's retry is judged (it was the operator's load)."""
+    backing, mnt, shared = remote_place(tmp_path)
+    roots_private_model(os.path.join(shared, "secret"))
+    as_bob("ln -s llama llama", shared)
+    with RemoteFS(backing, mnt, attr_timeout=0.1):
+        d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"), REMOTE)},
+                   user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+        try:
+            d.wait_for_log(r'model "llama": .*Too many levels of symbolic links')
+            r = reload_while_bob_keeps_renaming(d, shared)
+            secret_never_served(d, "by a config reload while bob kept renaming")
+            assert re.search(JUDGED_RETRY, d.read_log()), d.read_log()
+            assert r.returncode == 1, r
+        finally:
+            assert d.stop() == 0, d.read_log()

@@ -1,5 +1,5 @@
 """A warm restart's own loads are wcached's, never the operator's word
-(review rev204 H2; H3's tests are test_rev204.py's): a model the restart
+(review rev204 H2; H3's tests end this file): a model the restart
 could not restore is loaded as a reload wcached makes by itself, judged
 against the tree the file descriptor store recorded for it (format version
 9): the tree its stored generation was loaded from. What the model's own
@@ -7,6 +7,7 @@ deployer put at its path while wcached was down (his link to root's
 private model) waits for the operator's `wcachectl reload NAME`; the
 deployer's own update in his tree loads as before. Run as root (wcached
 and the neighbours run as other users)."""
+import contextlib
 import os
 import re
 import time
@@ -15,7 +16,8 @@ import pytest
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl, model_entry
-from test_reload_refused import SECRET_BYTES, secret_never_served
+from remotefs import RemoteFS  # tests/pyutil, on the path conftest set
+from test_reload_refused import REMOTE, SECRET_BYTES, remote_place, secret_never_served
 from test_tree_places import (BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager, as_bob,
                               made_by, roots_private_model)
 from test_warm_restart import ready, start
@@ -130,3 +132,138 @@ def test_the_deployers_own_update_at_a_warm_restart_loads(tmp_path):
         mgr.close()
 
 
+# A warm restart of a model the previous process described with no current
+# generation (its load had failed, or its remote generation was gone:
+# review rev204 H3) is judged too, and waits for the operator's `wcachectl
+# reload NAME` where its path goes through a place others may rename
+# entries in; in a private place it loads as before.
+
+def warm_restart_waits(d, mgr):
+    """wcached (with its fake manager) restarts warm; llama, described with
+    no current generation, is loaded as a reload wcached makes by itself,
+    judged against the tree or place the store recorded (review rev204 H3),
+    and refused: status says it waits, root's private model is not served,
+    and the operator's `wcachectl reload llama` is her word on what the
+    path names."""
+    start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
+    _, line = d.wait_for_log(r'model "llama": (generation \d+ from|not restored|not in the file)')
+    assert re.search(r"not restored: no current generation was stored; loading it as a reload "
+                     r"wcached makes by itself, judged against the (tree|place) ", line), line
+    _, line = d.wait_for_log(r'model "llama": (generation \d+ from|its path .*'
+                             r'wcachectl reload llama)')
+    assert "served only after the operator's `wcachectl reload llama`" in line, line
+    time.sleep(2)   # anything wcached would load by itself comes meanwhile
+    secret_never_served(d, "by a warm restart")
+    assert "waits_for_reload" in model_entry(d, "llama")
+    r = ctl(d, "reload", "llama")
+    assert r.returncode == 0, r.stdout + r.stderr
+    d.wait_for_log(r'model "llama": generation \d+ from .*: 1 file, 275384 bytes')
+    assert "waits_for_reload" not in model_entry(d, "llama")
+
+
+@contextlib.contextmanager
+def failed_at_start_then_stopped(tmp_path, llama):
+    """wcached (with a fake service manager) started on llama, whose load
+    fails (No such file or directory), its description stored, stopped.
+    Gives (the stopped daemon, its manager)."""
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024)
+    try:
+        start(d, mgr, user=(DAEMON_UID, WCACHED_GID))
+        d.wait_for_log(r'model "llama": .*No such file or directory')
+        mgr.wait_for(lambda m: "wc-desc" in m.store, what="description stored")
+        assert d.stop() == 0, d.read_log()
+        yield d, mgr
+    finally:
+        d.stop()
+        mgr.close()
+
+
+def test_a_model_nothing_serves_is_not_loaded_as_the_operators_by_a_warm_restart(tmp_path):
+    """shared (2775) holds root's model directory llama and root's private
+    secret. bob renames llama aside before wcached starts: its load fails,
+    nothing serves it, and the store describes it with no generation and no
+    wait. While wcached restarts warm, bob renames secret at llama: the
+    restart loaded the path as the operator's load ("no current generation
+    was stored; loading"), unjudged, and served root's private model."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    as_bob("mv llama llama.x", shared)
+    with failed_at_start_then_stopped(tmp_path, llama) as (d, mgr):
+        as_bob("mv secret llama", shared)
+        warm_restart_waits(d, mgr)
+
+
+def test_a_model_nothing_serves_in_a_private_place_loads_at_a_warm_restart(tmp_path):
+    """Control: in root's own 0755 directory llama's load at start fails
+    (not there yet); the operator puts it there and wcached restarts warm:
+    it loads, as before."""
+    llama = os.path.join(made_by(tmp_path / "srv", 0), "llama")
+    with failed_at_start_then_stopped(tmp_path, llama) as (d, mgr):
+        made_by(llama, 0)
+        mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+        start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
+        d.wait_for_log(r'model "llama": not restored: no current generation was stored; '
+                       r'loading')
+        wait_until(lambda: ready(d, "llama"), what="llama ready")
+        assert "waits_for_reload" not in model_entry(d, "llama")
+
+
+@contextlib.contextmanager
+def gone_then_renamed_while_down(tmp_path):
+    """rev203 H3's layout (remote 2775 place, stage = no, polled), served;
+    bob removes llama's file, the poll finds generation 1 gone (failed: not
+    stored), wcached stops, and bob renames root's private secret at llama.
+    Gives (the stopped daemon, its fake manager, the remote filesystem)."""
+    backing, mnt, shared = remote_place(tmp_path)
+    llama = made_by(os.path.join(shared, "llama"), 0, 0o2775)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    with RemoteFS(backing, mnt, attr_timeout=0.1) as fs:
+        mgr = FakeManager(str(tmp_path / "notify.sock"))
+        os.chmod(mgr.path, 0o666)
+        d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"), REMOTE)},
+                   user=(DAEMON_UID, WCACHED_GID), nofile=1024)
+        try:
+            start(d, mgr, user=(DAEMON_UID, WCACHED_GID))
+            wait_until(lambda: ready(d, "llama"), what="ready")
+            as_bob("rm llama/model.safetensors", shared)
+            d.wait_for_log(r"model \"llama\": generation 1's files were replaced or removed",
+                           timeout=60)
+            mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" not in m.store,
+                         what="generation 1 dropped from the store")
+            assert d.stop() == 0, d.read_log()
+            as_bob("mv llama llama.x && mv secret llama", shared)
+            time.sleep(0.3)     # the mount's attribute cache (attr_timeout)
+            yield d, mgr, fs
+        finally:
+            d.stop()
+            mgr.close()
+
+
+def test_a_gone_remote_generation_is_not_loaded_as_the_operators_by_a_warm_restart(tmp_path):
+    """While wcached restarts warm, bob renames root's private secret at
+    llama, whose remote generation was gone: the restart loaded it as the
+    operator's load."""
+    with gone_then_renamed_while_down(tmp_path) as (d, mgr, fs):
+        warm_restart_waits(d, mgr)
+
+
+def test_the_operators_reload_while_a_restart_judges_the_path_is_not_lost(tmp_path):
+    """The same; the server hangs while the restart judges llama's path,
+    and the operator runs `wcachectl reload llama` meanwhile (answered: a
+    load is already in progress). Once the server answers the model waits,
+    and her reload, her word on what the path names, still runs."""
+    with gone_then_renamed_while_down(tmp_path) as (d, mgr, fs):
+        fs.freeze()
+        try:
+            start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
+            r = ctl(d, "reload", "llama")
+            assert "already in progress" in r.stdout + r.stderr, r
+        finally:
+            fs.thaw()
+        d.wait_for_log(r'model "llama": not restored: no current generation was stored; ')
+        d.wait_for_log(r'model "llama": generation \d+ from .*: 1 file, 275384 bytes')
