@@ -343,8 +343,10 @@ table_changed(int fd)
 }
 
 /* The mount table, opened and read afresh into t: 0, or -errno (t as it
- * was, its file closed). The file stays open: the kernel counts changes
- * from its open, so what is read after can only be newer. */
+ * was, its file closed; a table file that is missing, no procfs, is -EIO:
+ * -ENOENT is fstype_table_find's for a device the table does not list).
+ * The file stays open: the kernel counts changes from its open, so what
+ * is read after can only be newer. */
 static int
 table_read(struct fs_table *t)
 {
@@ -357,7 +359,7 @@ table_read(struct fs_table *t)
 	if (t->fd >= 0)
 		close(t->fd);
 	if ((t->fd = fd = open(t->mountinfo, O_RDONLY | O_CLOEXEC)) == -1)
-		return -errno;
+		return errno == ENOENT ? -EIO : -errno;
 	while (n > 0) {
 		if (len == cap) {
 			char *more = cap < (64u << 20) ? realloc(buf, cap ? cap * 2 : 65536) : NULL;

@@ -108,7 +108,8 @@ struct fs_table {
 #define FS_TABLE_INIT(file) { .mountinfo = (file), .fd = -1 }
 
 /* What fstype_of_dev() says of dev, from t (read, or read again, as
- * above). 0, -ENOENT, or -errno reading the table (-ENOMEM). */
+ * above). 0, -ENOENT (no mount has that device), or -errno reading the
+ * table (-ENOMEM, -EMFILE; -EIO where it is missing). */
 int fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out);
 
 /* Closes t's file and frees its table; t is then as FS_TABLE_INIT made it. */

@@ -71,18 +71,33 @@ name_rule(int dfd, const char *name, char *why, size_t len)
 	return 0;
 }
 
-/* Whether dev is a user's FUSE mount (not root's, nor wcached's user's):
- * why names it. Told from the mount table only (t's). */
-static bool
-users_fuse(struct fs_table *t, dev_t dev, char *why, size_t len)
+/* Whether a walk may step onto the mount on dev: 0; -EXDEV where it is a
+ * user's FUSE mount (not root's, nor wcached's user's), on naming it; or
+ * the error reading the mount table (-ENOMEM, -EMFILE): a mount that
+ * cannot be judged is not walked onto (review rev207 M1). Told from the
+ * mount table only (t's). */
+static int
+mount_ok(struct fs_table *t, dev_t dev, char *on, size_t len)
 {
 	struct fs_info fs;
+	int r = fstype_table_find(t, dev, &fs);
 
-	if (fstype_table_find(t, dev, &fs) < 0 || !fs.user_mount || fs.mounter == geteuid())
-		return false;
-	snprintf(why, len, "fuse (device %u:%u) mounted by uid %u", major(dev), minor(dev),
-		(unsigned)fs.mounter);
-	return true;
+	if (r == -ENOENT)
+		return 0; /* no mount's device (btrfs gives subvolumes their own) */
+	if (r < 0) {
+		snprintf(on, len, "device %u:%u, whose filesystem %s cannot tell (%s)",
+			major(dev), minor(dev), MOUNTINFO, strerror(-r));
+		return r;
+	}
+	if (!fs.user_mount || fs.mounter == geteuid())
+		return 0;
+	if (fs.mounter == (uid_t)-1) /* fstype.c: no user_id that can be read */
+		snprintf(on, len, "fuse (device %u:%u) whose user the mount table does not name",
+			major(dev), minor(dev));
+	else
+		snprintf(on, len, "fuse (device %u:%u) mounted by uid %u", major(dev), minor(dev),
+			(unsigned)fs.mounter);
+	return -EXDEV;
 }
 
 /* What a walk's judge is given: the run's table, and the path walked. */
@@ -92,18 +107,54 @@ struct judged {
 };
 
 /* tree_walk's judge for a model's path: a mount crossed is walked onto
- * unless it is a user's FUSE mount; why names the path, the name on it,
- * the mount and the reason. */
+ * unless it is a user's FUSE mount, or cannot be judged; why names the
+ * path, the name on it, the mount and the reason. */
 static int
 judge(void *ctx, dev_t dev, const char *name, char *why, size_t len)
 {
 	const struct judged *j = ctx;
 	char on[160];
+	int r = mount_ok(j->table, dev, on, sizeof(on));
 
-	if (!users_fuse(j->table, dev, on, sizeof(on)))
+	if (r == -EXDEV)
+		snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
+			"neighbour's server may never answer)", j->path, name, on);
+	else if (r < 0)
+		snprintf(why, len, "%s: %s lies on %s: wcached walks onto no mount it cannot "
+			"judge", j->path, name, on);
+	return r < 0 ? -EXDEV : 0;
+}
+
+/*
+ * tree_walk's question before a link of a model's path is read: none on
+ * procfs is walked. A "magic" link there (/proc/PID/fd/N, cwd, root, exe)
+ * leads where its text does not say: to the file a process holds open,
+ * which may be on a neighbour's FUSE mount he has since detached (no
+ * mount table lists it; its text is "/"), and the kernel's stat of the
+ * path would ask his server (review rev207 H3). /proc's own text links
+ * (/proc/self) cannot be told from them without following them: a model's
+ * path through /proc, /dev/fd or /dev/stdin is refused with them. A table
+ * that cannot be read refuses the link too.
+ */
+static int
+link_ok(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+{
+	const struct judged *j = ctx;
+	struct fs_info fs;
+	int r = fstype_table_find(j->table, dev, &fs);
+
+	if (r == -ENOENT || (r == 0 && strcmp(fs.name, "proc") != 0))
 		return 0;
-	snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
-		"neighbour's server may never answer)", j->path, name, on);
+	if (r < 0)
+		snprintf(why, len, "%s: %s is a link on device %u:%u, whose filesystem %s cannot "
+			"tell (%s): wcached follows no link it cannot judge", j->path, name,
+			major(dev), minor(dev), MOUNTINFO, strerror(-r));
+	else
+		snprintf(why, len, "%s: %s is a link on /proc (device %u:%u): wcached follows none "
+			"in a model's path (its text need not be where it leads: a process's "
+			"descriptor of a neighbour's FUSE file); name the model's file by its path "
+			"(descriptors here are the daemon's own)", j->path, name, major(dev),
+			minor(dev));
 	return -EXDEV;
 }
 
@@ -115,7 +166,7 @@ walk_text(struct fs_table *t, const char *text, size_t n, int cur, int *links,
 	const char *path, char *why, size_t len)
 {
 	struct judged j = { t, path };
-	struct tree_walk w = { .judge = judge, .ctx = &j, .links = *links };
+	struct tree_walk w = { .judge = judge, .link = link_ok, .ctx = &j, .links = *links };
 	char *copy;
 	int r;
 

@@ -48,7 +48,9 @@ void mountrule_walk_end(struct mountrule_walk *w);
 
 /*
  * A model's configured path, walked one name at a time (links followed,
- * as the kernel would, at most 40) without looking anything up in a
+ * as the kernel would, at most 40, however long their text grows; none on
+ * procfs, whose magic links lead where their text does not say: refused,
+ * EXDEV, review rev207 H2, H3) without looking anything up in a
  * FUSE filesystem a user mounted (fusermount3: a neighbour may mount one
  * on any directory he may write, the model's own directory or one above
  * it included, or on a file of his that a link he renamed in leads to;

@@ -301,6 +301,10 @@ tree_openat2(int at, const char *rel, unsigned long long flags, unsigned long lo
 
 #define WALK_LINKS 40
 #define WALK_DEPTH 256
+/* The most a walk's text grows to: the path and 40 links of PATH_MAX, as
+ * the kernel follows them (it keeps no total; a walk that kept 2 PATH_MAX
+ * failed where the kernel went on, review rev207 H2). */
+#define WALK_TEXT ((size_t)(WALK_LINKS + 2) * PATH_MAX)
 
 /* The device of the directory fd, told with no server asked; 0 or -1. */
 static int
@@ -311,6 +315,26 @@ dev_of(int fd, dev_t *dev)
 	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
 		return -1;
 	*dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	return 0;
+}
+
+/* The walk's text *rest (cap bytes, *p in it) made room for need bytes:
+ * 0, or -1 and errno (ENAMETOOLONG past WALK_TEXT, ENOMEM). */
+static int
+grow(char **rest, size_t *cap, char **p, size_t need)
+{
+	size_t at = (size_t)(*p - *rest);
+	char *more;
+
+	if (need > WALK_TEXT) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	if ((more = realloc(*rest, need)) == NULL)
+		return -1;
+	*rest = more;
+	*p = more + at;
+	*cap = need;
 	return 0;
 }
 
@@ -366,6 +390,12 @@ tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
 			r = e;
 			goto out;
 		}
+		if (S_ISLNK(sx.stx_mode) && w->link != NULL &&
+			(e = w->link(w->ctx, dev, name, why, len)) < 0) {
+			w->refused = true;
+			r = e;
+			goto out;
+		}
 		if (S_ISLNK(sx.stx_mode)) {
 			ssize_t k = readlinkat(fd, "", target, sizeof(target) - 1);
 
@@ -375,12 +405,12 @@ tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
 			fd = -1;
 			target[k] = '\0';
 			n = strlen(p);
-			if (++w->links > WALK_LINKS || (w->beneath && target[0] == '/') ||
-				(size_t)k + 1 + n + 1 > cap) {
-				errno = w->links > WALK_LINKS ? ELOOP :
-					w->beneath && target[0] == '/' ? EXDEV : ENAMETOOLONG;
+			if (++w->links > WALK_LINKS || (w->beneath && target[0] == '/')) {
+				errno = w->links > WALK_LINKS ? ELOOP : EXDEV;
 				goto out;
 			}
+			if ((size_t)k + n + 2 > cap && grow(&rest, &cap, &p, (size_t)k + n + 2) < 0)
+				goto out;
 			memmove(rest + k + 1, p, n + 1);
 			memcpy(rest, target, (size_t)k);
 			rest[k] = '/';

@@ -130,6 +130,10 @@ extern const struct tree_mounts *tree_mounts;
  *  - judge(ctx, dev, name, why, len): 0 to go on across the mount on dev
  *    that name (a name of the path or of a link's text) is on; or -errno,
  *    with why set, to refuse it.
+ *  - link(ctx, dev, name, why, len), where set: asked for each link met,
+ *    on dev, before its text is read: 0 to walk its text, or -errno with
+ *    why to refuse it (a procfs "magic" link's text is not where the
+ *    kernel goes: /proc/PID/fd/N leads to the very file a process holds).
  *  - beneath: the walk stays beneath the directory it starts from: ".."
  *    is the directory the walk came from, and ".." above the start or an
  *    absolute link is EXDEV; what is walked to must be named by a name
@@ -142,6 +146,7 @@ extern const struct tree_mounts *tree_mounts;
  */
 struct tree_walk {
 	int (*judge)(void *ctx, dev_t dev, const char *name, char *why, size_t len);
+	int (*link)(void *ctx, dev_t dev, const char *name, char *why, size_t len);
 	void *ctx;
 	bool beneath;
 	int links;
@@ -151,7 +156,7 @@ struct tree_walk {
 /* The walk of rel from the directory at (not closed) as w says: an O_PATH
  * descriptor of what rel names, or -errno (ELOOP past 40 links,
  * ENAMETOOLONG past 256 directories deep beneath the start, EXDEV leaving
- * it, or the judge's code with w->refused set). */
+ * it, or judge's or link's code with w->refused set). */
 int tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len);
 
 /* Set by the unit tests to exercise the fallback for kernels without

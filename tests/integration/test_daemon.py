@@ -377,8 +377,10 @@ def test_dev_stdin_is_refused_without_the_hint_of_a_descriptor(tmp_path, model):
     wcachectl's hint to name the open file itself as /dev/fd/0: in wcached
     that names the daemon's own standard input, not the operator's. So
     says --check of such a configuration, and a running daemon's answer to
-    `wcachectl load x /dev/stdin`. Before, both gave the /dev/fd/0 hint."""
-    refused = "/dev/stdin: symlink to /proc/self/fd/0: a link into /proc is not followed"
+    `wcachectl load x /dev/stdin`. Before, both gave the /dev/fd/0 hint.
+    The walk of a model's path refuses it at /proc/self, a link on /proc
+    (review rev207 H3: no link there is followed)."""
+    refused = "/dev/stdin: self is a link on /proc (device "
     told = "name the model's file by its path (descriptors here are the daemon's own)"
     d = Daemon(tmp_path, {"small": model})
     d.write_config({"small": model, "in": "/dev/stdin"})

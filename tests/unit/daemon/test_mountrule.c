@@ -93,6 +93,84 @@ all_as_stat(void)
 	same_as_stat("m/sub/.");
 	same_as_stat("m/missing/x");
 	same_as_stat("m/dirlink/../rel");
+	same_as_stat("m/long");
+}
+
+/* head, "./" times times, then tail: in buf (cap bytes, cut to fit). */
+static void
+dots(char *buf, size_t cap, const char *head, int times, const char *tail)
+{
+	size_t n = (size_t)snprintf(buf, cap, "%s", head);
+
+	for (int i = 0; i < times && n + 2 < cap; i++)
+		n += (size_t)snprintf(buf + n, cap - n, "./");
+	snprintf(buf + n, cap - n, "%s", tail);
+}
+
+/*
+ * A chain of links the kernel follows whose text, spliced, outgrows two
+ * PATH_MAX (rev207 H2: the walk said ENAMETOOLONG, and the load then
+ * went on by name to where it led): m/long -> A/./.../sub/x.safetensors
+ * (4000-odd bytes), A -> A2/./.../. (as long), A2 -> ./././. (40 bytes).
+ */
+static void
+long_chain(void)
+{
+	char a[PATH_MAX], l[PATH_MAX], a2[64];
+
+	dots(a2, sizeof(a2), "", 19, ".");
+	dots(a, PATH_MAX, "A2/", 2040, ".");
+	dots(l, PATH_MAX, "A/", 2036, "sub/x.safetensors");
+	assert_int_equal(strlen(a2), 39);
+	assert_int_equal(strlen(a), 4084);
+	assert_int_equal(strlen(l), 4091);
+	make_link(a2, "m/A2");
+	make_link(a, "m/A");
+	make_link(l, "m/long");
+}
+
+/* mountrule_stat(path) is refused (EXDEV), naming the link on /proc. */
+static void
+refused_on_proc(struct mountrule_walk *w, const char *path, const char *name)
+{
+	char why[MOUNTRULE_WHY], want[64];
+	struct stat st;
+
+	errno = 0;
+	assert_int_equal(mountrule_stat(w, path, &st, why, sizeof(why)), -1);
+	assert_int_equal(errno, EXDEV);
+	snprintf(want, sizeof(want), ": %s is a link on /proc (device ", name);
+	assert_non_null(strstr(why, want));
+	assert_int_equal(strncmp(why, path, strlen(path)), 0);
+}
+
+/*
+ * No link on procfs is followed (rev207 H3): m/fdlink -> /proc/PID/fd/N,
+ * N a descriptor of this process (a neighbour's of his detached FUSE file
+ * reads "/", where the kernel goes to that file), was walked as its text;
+ * /proc/self and /dev/stdin go the same way. Alone and in a run.
+ */
+static void
+proc_links(void)
+{
+	char p[PATH_MAX], target[64], name[16];
+	struct mountrule_walk w;
+	int fd;
+
+	at(p, sizeof(p), "m/sub/x.safetensors");
+	assert_true((fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0);
+	snprintf(target, sizeof(target), "/proc/%d/fd/%d", (int)getpid(), fd);
+	snprintf(name, sizeof(name), "%d", fd);
+	make_link(target, "m/fdlink");
+	at(p, sizeof(p), "m/fdlink");
+	mountrule_walk_init(&w);
+	for (int i = 0; i < 2; i++) {
+		refused_on_proc(i == 0 ? NULL : &w, p, name);
+		refused_on_proc(i == 0 ? NULL : &w, "/proc/self/status", "self");
+		refused_on_proc(i == 0 ? NULL : &w, "/dev/stdin", "self");
+	}
+	mountrule_walk_end(&w);
+	close(fd);
 }
 
 static void
@@ -117,6 +195,7 @@ test_walks_as_stat(void **state)
 	make_link("loop", "m/loop");
 	make_link("gone", "m/dangling");
 	make_link("sub", "m/dirlink");
+	long_chain();
 	all_as_stat();
 	/* The same in one run, twice: each directory walked to once serves
 	 * the paths in it after. */
@@ -142,6 +221,7 @@ test_walks_as_stat(void **state)
 	assert_string_equal(w.dir, "m");
 	mountrule_walk_end(&w);
 	assert_int_equal(chdir("/"), 0);
+	proc_links();
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	assert_int_equal(system(rm), 0);
 }
@@ -159,8 +239,9 @@ test_walks_as_stat(void **state)
 static void
 test_run_across_mounts(void **state)
 {
-	char p[PATH_MAX], rm[PATH_MAX + 16], want[PATH_MAX], name[32];
+	char p[PATH_MAX], rm[PATH_MAX + 16], want[PATH_MAX], name[32], why[MOUNTRULE_WHY];
 	struct mountrule_walk w;
+	struct stat st;
 	int fd;
 
 	(void)state;
@@ -202,6 +283,19 @@ test_run_across_mounts(void **state)
 	assert_int_equal(w.table.reads, 2);
 	run = NULL;
 	mountrule_walk_end(&w);
+	/* A mount the table cannot judge (it cannot be read: EMFILE, or no
+	 * procfs) is not walked onto (rev207 M1: it was, as no user's). */
+	for (int i = 0; i < 2; i++) {
+		mountrule_walk_init(&w);
+		w.table.mountinfo = i == 0 ? "/nonexistent/mountinfo" : "/dev/null/mountinfo";
+		at(p, sizeof(p), "vol/m/shard-000");
+		errno = 0;
+		assert_int_equal(mountrule_stat(&w, p, &st, why, sizeof(why)), -1);
+		assert_int_equal(errno, EXDEV);
+		assert_non_null(strstr(why, ": vol lies on device "));
+		assert_non_null(strstr(why, "cannot tell"));
+		mountrule_walk_end(&w);
+	}
 	at(p, sizeof(p), "vol2");
 	assert_int_equal(umount(p), 0);
 	at(p, sizeof(p), "vol");

@@ -1,0 +1,109 @@
+"""Where wcached's walk of a model's path (daemon/mountrule.h) and the
+kernel's disagreed, the load went on by name to where the kernel leads, a
+neighbour's FUSE server that answers nothing (review rev207 H2, H3; the
+reviewer's rev207-test_diverge.py): the walk now follows a chain of links
+however long its text grows, as the kernel does, and follows no link on
+/proc, whose "magic" links lead where their text does not say.
+
+The layout is test_load_neighbour_paths' one-file model in a team
+directory (2775, bob a member), bob's FUSE file bob-evil beside it (HangFS:
+INIT answered, nothing else); the tests skip, saying why, without root or
+/dev/fuse.
+"""
+import os
+import subprocess
+
+from conftest import Daemon
+from ctlutil import binary
+from test_load_neighbour_mounts import error_of
+from test_load_neighbour_paths import HangFS, one_file_team_model, stuck_or
+from test_watch_pending import ready
+from test_watch_writer_neighbours import BOB
+
+from fusehang import blocked_in_fuse  # noqa: E402
+
+
+def bobs_link(team, name, text):
+    """Bob renames his link name -> text into team/ (over what was there)."""
+    tmp = team / (".bob-tmp-" + name)
+    os.symlink(text, tmp)
+    os.lchown(tmp, *BOB)
+    os.rename(tmp, team / name)
+
+
+def long_chain(team, pad=2040):
+    """Bob's links in team/: A2 -> "./" x 19 "." (team itself), A ->
+    A2/./.../. (4084 bytes); the text for the model's name, A/./.../bob-evil
+    (4090 bytes): the kernel resolves it to team/bob-evil, and the walk's
+    text, spliced, outgrows two PATH_MAX (it said ENAMETOOLONG, and the
+    load went on by name)."""
+    bobs_link(team, "A2", "./" * 19 + ".")
+    bobs_link(team, "A", "A2/" + "./" * pad + ".")
+    return "A/" + "./" * pad + "bob-evil"
+
+
+def refused(d, team, fs, want):
+    """Waits for m's error or a thread of wcached's held by bob's server:
+    none held, and the error says want."""
+    stuck = stuck_or(d, lambda: error_of(d, "m"))
+    err = error_of(d, "m")
+    log = d.read_log()[-3000:]
+    assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, list(fs.ops), log)
+    assert err is not None and want in err, (err, log)
+
+
+def test_a_link_chain_longer_than_two_path_max_is_walked_to_bobs_fuse_file(tmp_path):
+    team, evil = one_file_team_model(tmp_path)
+    text = long_chain(team)
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(evil, *BOB, directory=False) as fs:
+            bobs_link(team, "model.safetensors", text)
+            refused(d, team, fs, "bob-evil lies on fuse (device ")
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_wcached_check_of_a_link_chain_longer_than_two_path_max_ends(tmp_path):
+    team, evil = one_file_team_model(tmp_path)
+    text = long_chain(team)
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")})
+    d.start()
+    assert d.stop() == 0  # only its config is wanted
+    stuck = None
+    with HangFS(evil, *BOB, directory=False):
+        bobs_link(team, "model.safetensors", text)
+        p = subprocess.Popen([binary("wcached"), "-c", d.conf, "--check"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out = p.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            stuck = blocked_in_fuse(p.pid)
+            p.kill()  # ends once HangFS fails what it holds, below
+            out = None
+    p.communicate()
+    assert out is not None, ("wcached --check waits on bob's FUSE server", stuck)
+    assert "bob-evil lies on fuse (device " in out, out
+
+
+def test_a_magic_link_to_bobs_detached_fuse_file_is_not_followed(tmp_path):
+    """Bob holds an O_PATH descriptor of his FUSE mount's root (no request
+    needed), detaches the mount (umount -l: no mount table lists it
+    since), and renames a link model.safetensors -> /proc/PID/fd/N over the
+    model: its text reads "/", the kernel goes to his FUSE file. The walk
+    follows no link on /proc: refused, naming it; nothing waits."""
+    team, evil = one_file_team_model(tmp_path)
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")}).start()
+    fd = -1
+    try:
+        ready(d, "m", 1)
+        with HangFS(evil, *BOB, directory=False) as fs:
+            fd = os.open(evil, os.O_PATH)
+            subprocess.run(["umount", "-l", str(evil)], check=True)
+            bobs_link(team, "model.safetensors", f"/proc/{os.getpid()}/fd/{fd}")
+            refused(d, team, fs, f": {fd} is a link on /proc (device ")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        assert d.stop() == 0, d.read_log()[-3000:]
