@@ -263,10 +263,40 @@ linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
 	return in;
 }
 
+/* tree_walk's judge for is_file_at: tree.h's rule for a mount inside a
+ * model's tree (tree_mounts' dev_ok), as tree_open_file's walk judges. */
+static int
+judge_in_tree(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+{
+	(void)ctx;
+	(void)name;
+	return tree_mounts->dev_ok(dev, why, len);
+}
+
+/* rel beneath at, O_PATH, with no mount crossed unjudged (RESOLVE_NO_XDEV
+ * under tree_mounts; a crossing walked again one name at a time by
+ * tree_walk, each mount judged before anything on it is looked up: a link
+ * into a neighbour's FUSE directory inside the tree asks his server
+ * nothing, review rev207 H5): the descriptor, or -1. */
+static int
+open_in_tree(int at, const char *rel)
+{
+	struct tree_walk w = { .judge = judge_in_tree, .beneath = true };
+	unsigned long long resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+	char why[128];
+	int fd;
+
+	fd = open_beneath(at, rel, resolve | (tree_mounts != NULL ? RESOLVE_NO_XDEV : 0), 0);
+	if (fd == -1 && errno == EXDEV && tree_mounts != NULL)
+		fd = tree_walk(at, rel, &w, why, sizeof(why));
+	return fd < 0 ? -1 : fd;
+}
+
 /* Whether the file whose fstat is st is the file name (a plain name) of
  * the model directory of its tree t: found beneath the tree's root with no
  * link out of the tree followed (openat2 RESOLVE_BENEATH), as the model's
- * files are opened (tree.h). A stat(2) of the place followed a link out of
+ * files are opened (tree.h), no mount crossed but as tree.h's rule lets
+ * their open cross it (open_in_tree). A stat(2) of the place followed a link out of
  * the tree to another user's file and took it for the file at its place
  * (review rev185 F5); where the kernel has no openat2, the file must be
  * itself at its place (review rev187 R4), or, at the operator's load
@@ -289,8 +319,7 @@ is_file_at(struct gen_tree *t, const char *name, const struct stat *st)
 	}
 	if (t->fd >= 0 && t->sub != NULL && asprintf(&rel, "%s%s", t->sub, name) < 0)
 		rel = NULL;
-	fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, 0) :
-		-1;
+	fd = rel != NULL ? open_in_tree(t->fd, rel) : -1;
 	/* Its device and inode, asking no server: a link renamed over the
 	 * name may lead to a neighbour's FUSE mount that never answers (review
 	 * rev205 M3). */

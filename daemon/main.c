@@ -239,7 +239,7 @@ static int
 check_models(const struct config *cfg)
 {
 	struct model_source s;
-	char why[512];
+	char why[MOUNTRULE_WHY];
 	int bad = 0, fd;
 
 	for (size_t i = 0; i < cfg->n_models; i++) {
@@ -248,13 +248,17 @@ check_models(const struct config *cfg)
 		struct index_header h;
 
 		snprintf(prefix, sizeof(prefix), "model \"%s\": ", m->name);
-		if ((fd = mountrule_open(NULL, m->path, why, sizeof(why))) == -EXDEV) {
+		/* Refused, or the walk failed: nothing looks the path up by name
+		 * after it (as load_work; review rev207 H2). */
+		why[0] = '\0';
+		if ((fd = mountrule_open(NULL, m->path, why, sizeof(why))) < 0) {
+			if (why[0] == '\0')
+				snprintf(why, sizeof(why), "%s: %s", m->path, strerror(-fd));
 			print_message(stderr, prefix, why);
 			bad = 1;
 			continue;
 		}
-		if (fd >= 0)
-			close(fd);
+		close(fd);
 		if (source_open(m->path, &s) < 0) {
 			print_message(stderr, prefix, error_get());
 			bad = 1;

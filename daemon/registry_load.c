@@ -1728,19 +1728,28 @@ load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
 	struct gen_found_tree found = { .operators = q->reload != RELOAD_WATCHED };
-	char *resolved, why[sizeof(q->message)];
+	char *resolved, why[sizeof(q->message)] = "";
 	int fd = mountrule_open(NULL, q->path, why, sizeof(why));
 
-	if (fd == -EXDEV) { /* a user's FUSE mount on the path: not walked again */
-		q->status = error_set(-EXDEV, "%s", why);
+	/* A user's FUSE mount on the path, or a walk that failed however
+	 * (where stat(2) would have, and where it would not: a chain of links
+	 * longer than the walk follows): refused, with the walk's reason; the
+	 * path is not opened by name, which would ask the server the walk did
+	 * not judge (review rev207 H2). An operator's load that failed so
+	 * still records the place its path names (review rev204 H1). */
+	if (fd < 0) {
+		if (why[0] == '\0')
+			snprintf(why, sizeof(why), "%s: %s", q->path, strerror(-fd));
+		q->status = error_set(fd, "%s", why);
 		snprintf(q->message, sizeof(q->message), "%s", why);
+		if (fd != -EXDEV && q->reload != RELOAD_WATCHED)
+			find_operator_tree(q, NULL);
 		note_failed_path(q);
 		return;
 	}
-	if (fd >= 0)
-		close(fd);
+	q->opened_known = fstat(fd, &q->opened_st) == 0; /* what the walk found */
+	close(fd);
 	resolved = realpath(q->path, NULL);
-	q->opened_known = mountrule_stat(NULL, q->path, &q->opened_st, NULL, 0) == 0;
 	if (q->reload != RELOAD_WATCHED)
 		find_operator_tree(q, resolved);
 	if ((q->status = open_model(q, q->path)) < 0) {
