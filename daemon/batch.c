@@ -166,26 +166,36 @@ batch_reload_watched(struct batch *b, const char *name)
 	}
 }
 
+void
+batch_judged_load(struct batch *b, const char *name)
+{
+	char line[ERROR_MAX + 320];
+
+	b->pending++;
+	if (registry_reload_watched(&b->d->reg, name, batch_load_done, b) == 0)
+		return;
+	snprintf(line, sizeof(line), "a warm restart's load of it, judged against the tree its "
+		"store recorded, could not be queued (%s): what its path names is served only "
+		"after the operator's `wcachectl reload %s`", error_get(), name);
+	log_errorx("model \"%s\": %s", name, line);
+	registry_wait_for_operator(&b->d->reg, name, line, NULL);
+	b->failed++;
+	b->pending--;
+}
+
 /* A warm restart's check of a model ended (restore.h): served, or loaded
- * afresh as configured now (a load that may fail), or as a reload wcached
- * makes by itself, judged against the tree its description recorded
- * (RESTORE_JUDGED: a load that may fail, or wait for the operator's
- * reload), or not served, waiting for the operator's reload (a failure, as
- * a load that failed). Gone (unloaded, or loaded anew meanwhile) is no
- * failure, as a superseded load is none. */
+ * as a reload wcached makes by itself, judged against the tree its
+ * description recorded (RESTORE_JUDGED: a load that may fail, or wait for
+ * the operator's reload), or not served, waiting for the operator's
+ * reload (a failure, as a load that failed). Gone (unloaded, or loaded
+ * anew meanwhile) is no failure, as a superseded load is none. */
 void
 batch_restore_done(const char *name, enum restore_result result, void *arg)
 {
 	struct batch *b = arg;
-	const struct model_config *m = NULL;
 
-	for (size_t i = 0; result == RESTORE_LOAD && i < b->d->cfg->n_models && m == NULL; i++)
-		if (strcmp(b->d->cfg->models[i].name, name) == 0)
-			m = &b->d->cfg->models[i];
-	if (m != NULL)
-		batch_load(b, m);
 	if (result == RESTORE_JUDGED)
-		batch_reload_watched(b, name);
+		batch_judged_load(b, name);
 	if (result == RESTORE_WAITS)
 		b->failed++;
 	b->pending--;

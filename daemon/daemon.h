@@ -106,6 +106,15 @@ void batch_load(struct batch *b, const struct model_config *m);
  * cannot start counts as failed. */
 void batch_reload_watched(struct batch *b, const char *name);
 
+/* batch.c: a warm restart's load of the model name, not restored (or with
+ * no generation stored), as a reload wcached makes by itself judged
+ * against the tree the store recorded (restore.h's RESTORE_JUDGED,
+ * RESTORE_MODEL_JUDGED), in b. One that cannot be queued is not loaded
+ * otherwise: it waits for the operator's `wcachectl reload NAME`, its
+ * error and status saying why (registry_wait_for_operator), and counts as
+ * failed (review rev206 L2). */
+void batch_judged_load(struct batch *b, const char *name);
+
 /* batch.c: applies who may do what with the configured model m: attach
  * (allow_users, allow_groups), build artifacts (derive, derive_groups,
  * derive_timeout), and how its storage is watched and staged. */

@@ -834,7 +834,7 @@ main(int argc, char **argv)
 		} else if (restoring == RESTORE_MODEL_JUDGED) {
 			/* Listed, judged against its recorded tree. */
 			batch_set_access(&d, m);
-			batch_reload_watched(b, m->name);
+			batch_judged_load(b, m->name);
 		} else if (restoring) {
 			batch_set_access(&d, m);
 			b->pending++;

@@ -525,23 +525,49 @@ registry_wait_for_operator(struct registry *r, const char *name, const char *why
 		registry_reload_held(r, m, NULL);
 }
 
+void
+registry_kept_clear(struct registry_kept_files *k)
+{
+	free(k->owners);
+	free(k->ids);
+	*k = (struct registry_kept_files){ .owners = NULL };
+}
+
 int
 registry_keep_tree(struct registry *r, const char *name, const struct registry_tree *t)
 {
 	struct model_entry *m = registry_entry_named(r, name);
+	struct registry_kept_files kept = { .nfiles = t->kept.nfiles,
+		.named_file = t->kept.named_file };
+	size_t n = t->kept.nfiles;
 	char *root, *place = NULL;
 
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
 	if (t->root == NULL)
 		return 0;
+	if (n > 0 && ((kept.owners = malloc(n * sizeof(*kept.owners))) == NULL ||
+			     (kept.ids = malloc(n * sizeof(*kept.ids))) == NULL)) {
+		registry_kept_clear(&kept);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
 	if ((root = strdup(t->root)) == NULL ||
 		(t->place != NULL && (place = strdup(t->place)) == NULL)) {
 		free(root);
+		registry_kept_clear(&kept);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	if (n > 0) {
+		memcpy(kept.owners, t->kept.owners, n * sizeof(*kept.owners));
+		memcpy(kept.ids, t->kept.ids, n * sizeof(*kept.ids));
 	}
 	free(m->operator_tree.root);
 	free(m->operator_tree.place);
+	registry_kept_clear(&m->operator_tree.kept);
+	m->operator_tree.kept = kept;
+	/* Files a generation served whose owners the restart could not tell
+	 * (a place is the operator's load's record: no files served there). */
+	m->operator_tree.owners_untold = n == 0 && place == NULL;
 	m->operator_tree.root = root;
 	m->operator_tree.place = place;
 	m->operator_tree.uid = t->uid;
@@ -937,6 +963,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	registry_forget_writer(r, m);
 	free(m->operator_tree.root);
 	free(m->operator_tree.place);
+	registry_kept_clear(&m->operator_tree.kept);
 	access_clear(&m->access);
 	access_clear(&m->builders);
 	free(m);

@@ -60,6 +60,28 @@ registry_fd_reserve(rlim_t limit)
 	return limit / 4 < REGISTRY_FD_RESERVE ? limit / 4 : REGISTRY_FD_RESERVE;
 }
 
+/* The owners and identities of the files a model's generation served,
+ * as a warm restart told them from its stored descriptors
+ * (registry_tree's kept, model_entry's operator_tree): for a model of one
+ * file (nfiles 1), that file's owner is whom a file at its name must have
+ * (registry_load.c's same_file_owner, review rev187 R2b); every file's
+ * owner may own files of the tree (same_owners, rev187 R3); the files
+ * themselves are the only ones taken in a place others may rename entries
+ * in (files_kept, rev201 H2); named_file: the one file lay straight in the
+ * tree's root (sibling_swap, rev191 F1). nfiles 0: none told. */
+struct registry_kept_files {
+	uid_t *owners;          /* per file */
+	struct registry_file_id {
+		dev_t dev;
+		ino_t ino;
+	} *ids;                 /* per file */
+	size_t nfiles;
+	int named_file;
+};
+
+/* Frees what k holds and empties it. */
+void registry_kept_clear(struct registry_kept_files *k);
+
 /* What a load is (registry_load.c's queue_load) and what reload_again asks
  * for: a load or reload by the operator resolves the model's path anew; a
  * watched one (registry_reload_watched) keeps the tree its newest
@@ -210,6 +232,14 @@ struct model_entry {
 		int root_known;
 		dev_t root_dev;
 		ino_t root_ino;
+		/* What a warm restart told of the files its stored generation
+		 * served (registry_keep_tree's registry_tree): their owners
+		 * and identities, for the judge a watched reload of that
+		 * generation would have kept (registry_load.c's keep_tree);
+		 * owners_untold: the restart recorded a tree but could not
+		 * tell whose its files were. An operator's load clears them. */
+		struct registry_kept_files kept;
+		int owners_untold;
 	} operator_tree;
 	struct model_entry *next;
 	struct model_entry *name_next; /* its chain in struct registry's by_name */
@@ -441,6 +471,13 @@ struct registry_tree {
 	const char *place;      /* NULL: none */
 	mode_t place_mode;
 	size_t place_dir_len;
+	/* The files the generation it was loaded from served, as the
+	 * restart's stored descriptors told them (copied); kept.nfiles 0: not
+	 * told (none stored, a staged copy, a descriptor missing): with no
+	 * place, the reload then waits for the operator's wherever others
+	 * than the tree's owner may write in the directory holding its files
+	 * (review rev206 H1). */
+	struct registry_kept_files kept;
 };
 
 /*

@@ -145,6 +145,13 @@ struct load_request {
 	struct model_source source;
 	int *served_fds;      /* gen_open_served(), one per file */
 	int index_fd;
+	/* A watched reload of a model that nothing serves, judged against
+	 * the tree a warm restart recorded for the generation it stored,
+	 * whose files' owners the restart could not tell (model_entry's
+	 * operator_tree owners_untold): taken only where no one but the
+	 * owner of the directory holding its files may write in it
+	 * (same_tree, review rev206 H1). */
+	int owners_untold;
 	const uint8_t *index;
 	size_t index_size;
 	int status;
@@ -913,6 +920,21 @@ same_root(const struct load_request *q, int open)
 	return !open || (q->root_uid == q->keep_uid && owned_by(&q->source, q->keep_uid));
 }
 
+/*
+ * Whether q may take its files as the owners of the files serving would
+ * tell them: always, but for a warm restart's load of a model whose
+ * served files' owners it could not tell (owners_untold): then only where
+ * no one but the owner of the directory holding them may write in it
+ * (only_writer; not where that directory could not be told). In a shared
+ * sticky directory the tree's owner (root, of a 1777 place) says nothing
+ * of whose a model's file is (review rev206 H1).
+ */
+static int
+owners_told(const struct load_request *q)
+{
+	return !q->owners_untold || only_writer(q, q->files_uid);
+}
+
 static int
 same_tree(struct load_request *q)
 {
@@ -973,6 +995,13 @@ same_tree(struct load_request *q)
 		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s "
 			"(was %s): a moved tree is served only after " OPERATORS_WORD, q->path,
 			q->root, old, q->name);
+	else if ((same = owners_told(q)) == 0)
+		snprintf(q->message, sizeof(q->message), "its files (of %s) lie in the tree %s, "
+			"in a directory others than its owner may write in (or one that could not "
+			"be told), and the warm restart could not tell whose the files it served "
+			"before were (none was stored, or a staged copy): anyone there may have "
+			"put these at its path, so they are served only after " OPERATORS_WORD,
+			owners_said(&q->source, NULL, owners, sizeof(owners)), q->root, q->name);
 	else if ((same = same_file_owner(q)) == 0)
 		snprintf(q->message, sizeof(q->message), "its path %s names a file now owned by "
 			"uid %u (was uid %u): a file made again by another user is served only "
@@ -2122,6 +2151,8 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	m->operator_tree.place_mode = q->found_place_mode;
 	m->operator_tree.place_dir_len = q->found_place_dir_len;
 	m->operator_tree.root_known = 0; /* a warm restart's record is superseded */
+	registry_kept_clear(&m->operator_tree.kept);
+	m->operator_tree.owners_untold = 0;
 	q->found_root = NULL;
 	q->found_place = NULL;
 }
@@ -2773,6 +2804,41 @@ keep_named(struct load_request *q, const struct model_entry *m)
 	return (q->named_path = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
 }
 
+/*
+ * A watched reload q of a model that nothing serves keeps what a warm
+ * restart told of the files its stored generation served (k: their
+ * owners and identities, from its stored descriptors), as it would keep
+ * them from that generation had it been restored: the one file's owner
+ * (same_file_owner), every file's owner (same_owners), the files
+ * themselves (files_kept) and whether the file lay straight in its tree
+ * (sibling_swap). Before, the restart's load kept the tree's root and
+ * owner only, and a neighbour's file renamed at a one-file model's name
+ * in a shared sticky directory while wcached restarted was served
+ * (review rev206 H1). 0 or -ENOMEM.
+ */
+static int
+keep_restart_files(struct load_request *q, const struct registry_kept_files *k)
+{
+	if (k->nfiles == 0)
+		return 0;
+	if ((q->keep_owners = calloc(k->nfiles, sizeof(*q->keep_owners))) == NULL ||
+		(q->keep_files = calloc(k->nfiles, sizeof(*q->keep_files))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; i < k->nfiles; i++) {
+		q->keep_owners[i] = k->owners[i];
+		q->keep_files[i].dev = k->ids[i].dev;
+		q->keep_files[i].ino = k->ids[i].ino;
+	}
+	q->nkeep_owners = k->nfiles;
+	q->nkeep_files = k->nfiles;
+	/* A restored generation of one file is a model of one file (its
+	 * format is not stored), as keep_tree takes one. */
+	q->keep_file_known = k->nfiles == 1;
+	q->keep_file_uid = k->owners[0];
+	q->keep_named_file = k->named_file;
+	return 0;
+}
+
 /* A watched reload q keeps the tree of m's newest generation g: its root
  * and owner, or the real path whose root load_work finds (a restored
  * generation's); when g records neither (or m has none), the tree m's
@@ -2840,7 +2906,9 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 	q->keep_root_known = m->operator_tree.root_known;
 	q->keep_root_dev = m->operator_tree.root_dev;
 	q->keep_root_ino = m->operator_tree.root_ino;
-	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
+	q->owners_untold = m->operator_tree.owners_untold;
+	if (keep_restart_files(q, &m->operator_tree.kept) < 0 ||
+		(q->keep_root = strdup(m->operator_tree.root)) == NULL ||
 		(m->operator_tree.place != NULL &&
 			(q->keep_place = strdup(m->operator_tree.place)) == NULL))
 		return -ENOMEM;

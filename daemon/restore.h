@@ -69,16 +69,19 @@ void restore_status_taken(struct restore *s);
 void restore_slots(struct restore *s, struct registry *r);
 
 /* What restore_model() reports: the model serves its stored generation;
- * it must load afresh (one line logged saying why); it is not served, and
- * what its path names waits for the operator's `wcachectl reload NAME`
- * (its path goes through a place others may rename entries in: one line
- * logged, registry_wait_for_operator); or an unload or a load took its
- * place meanwhile, or wcached is stopping; or (RESTORE_JUDGED) it loads as
- * a reload wcached makes by itself (registry_reload_watched), judged
- * against the tree the description recorded for it, which the registry
- * keeps (registry_keep_tree: one line logged). */
-enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_WAITS, RESTORE_GONE,
-	RESTORE_JUDGED };
+ * it is not served, and what its path names waits for the operator's
+ * `wcachectl reload NAME` (its path goes through a place others may rename
+ * entries in, it waited before the restart, or nothing tells a tree to
+ * judge it by: one line logged, registry_wait_for_operator); or an unload
+ * or a load took its place meanwhile, or wcached is stopping; or
+ * (RESTORE_JUDGED) it loads as a reload wcached makes by itself
+ * (registry_reload_watched), judged against the tree the description
+ * recorded for it (a store before format version 9: the tree its stored
+ * files are found in), which the registry keeps with the owners and
+ * inodes of the files the stored generation served, as their stored
+ * descriptors tell them (registry_keep_tree: one line logged; review
+ * rev206 H1, M1). Never the operator's load (review rev204 H2, H3). */
+enum restore_result { RESTORE_SERVED, RESTORE_WAITS, RESTORE_GONE, RESTORE_JUDGED };
 typedef void (*restore_done_fn)(const char *name, enum restore_result result, void *arg);
 
 /*
@@ -104,14 +107,18 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
  * not restored with its path unchanged (no current generation stored, the
  * status page unusable, its check not queued) whose description records a
  * tree (fdstore.h's tree) returns RESTORE_MODEL_JUDGED: it is listed, and
- * the caller loads it with registry_reload_watched, judged against that
- * tree (registry_keep_tree; one line logged; done is not called), as a
- * check that fails does (RESTORE_JUDGED): no load a restart makes by
- * itself is the operator's (review rev204 H2, H3). One with no current
- * generation, no wait and no tree (a store from a wcached before format
- * version 9) is judged on the work queue (returns 1, done comes):
- * RESTORE_WAITS where its path goes through a place others may rename
- * entries in, else RESTORE_LOAD (review rev204 H3).
+ * the caller loads it with registry_reload_watched (batch_judged_load),
+ * judged against that tree (registry_keep_tree; one line logged; done is
+ * not called), as a check that fails does (RESTORE_JUDGED): no load a
+ * restart makes by itself is the operator's (review rev204 H2, H3). No
+ * descriptor tells the owners of the files it served, so that load waits
+ * for the operator's reload wherever others than its owner may write in
+ * the directory holding its files (review rev206 H1). One whose
+ * description records no tree (a store from a wcached before format
+ * version 9), or whose tree cannot be kept, returns RESTORE_MODEL_WAITS:
+ * listed, it waits once for the operator's reload (review rev206 M1, L1).
+ * 0 (load afresh) only when its configured path changed, or it could not
+ * be listed (no memory or status slot).
  */
 #define RESTORE_MODEL_WAITS 2
 #define RESTORE_MODEL_JUDGED 3

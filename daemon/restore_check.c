@@ -476,6 +476,129 @@ restore_moved_tree(struct restore_prepared *p, const char *path)
 	free(place);
 }
 
+/* Whether p's stored file k is a staged copy (described with an origin,
+ * or under stage_dir): its owner is its origin's, not told here. */
+static int
+stored_copy(const struct restore_prepared *p, uint32_t k, const char *stage_dir)
+{
+	const struct fdstore_file *f = &p->g->files[k];
+	char *copy = NULL;
+	int staged;
+
+	if (f->origin_dev != 0 || f->origin_ino != 0)
+		return 1;
+	staged = restore_staged_copy(stage_dir, p->fds[k], &copy);
+	free(copy);
+	return staged != 0;
+}
+
+void
+restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char *root)
+{
+	const struct fdstore_generation *g = p->g;
+	struct registry_kept_files k = { .nfiles = g->nfiles };
+	char buf[PATH_MAX], *dir;
+
+	if (g->nfiles == 0 || (k.owners = calloc(g->nfiles, sizeof(*k.owners))) == NULL ||
+		(k.ids = calloc(g->nfiles, sizeof(*k.ids))) == NULL) {
+		free(k.owners);
+		return;
+	}
+	for (uint32_t i = 0; i < g->nfiles; i++) {
+		struct stat st;
+
+		if (p->fds[i] < 0 || stored_copy(p, i, stage_dir) ||
+			fstat(p->fds[i], &st) == -1 || !S_ISREG(st.st_mode)) {
+			free(k.owners);
+			free(k.ids);
+			return;
+		}
+		k.owners[i] = st.st_uid;
+		k.ids[i] = (struct registry_file_id){ .dev = st.st_dev, .ino = st.st_ino };
+	}
+	if (g->nfiles == 1 && root != NULL && fd_path(p->fds[0], buf, sizeof(buf)) == 0 &&
+		(dir = path_dir(buf)) != NULL) {
+		k.named_file = strcmp(dir, root) == 0;
+		free(dir);
+	}
+	p->kept = k;
+}
+
+/*
+ * Where the staged copy p->fds[0] was copied from, if the model's path
+ * still leads to that very file (the device and inode the description
+ * records for its origin): the path of the file the path names, or of
+ * the one of the copy's name in the directory it names, allocated; NULL
+ * when neither is the origin (or it was not recorded: version 3).
+ */
+static char *
+copy_origin(const struct restore_prepared *p, const char *path)
+{
+	const struct fdstore_file *f = &p->g->files[0];
+	char buf[PATH_MAX], *real = realpath(path, NULL), *dir = NULL, *at = NULL;
+	const char *name;
+	struct stat st;
+
+	if (real == NULL || (f->origin_dev == 0 && f->origin_ino == 0) ||
+		stat(real, &st) != 0 || fd_path(p->fds[0], buf, sizeof(buf)) < 0 ||
+		(name = strrchr(buf, '/')) == NULL) {
+		free(real);
+		return NULL;
+	}
+	if (!S_ISDIR(st.st_mode) && (uint64_t)st.st_dev == f->origin_dev &&
+		(uint64_t)st.st_ino == f->origin_ino)
+		return real;
+	dir = S_ISDIR(st.st_mode) ? real : path_dir(real);
+	if (dir != NULL && (at = path_join(dir, name + 1)) != NULL &&
+		(stat(at, &st) != 0 || !S_ISREG(st.st_mode) ||
+			(uint64_t)st.st_dev != f->origin_dev ||
+			(uint64_t)st.st_ino != f->origin_ino)) {
+		free(at);
+		at = NULL;
+	}
+	if (dir != real)
+		free(dir);
+	free(real);
+	return at;
+}
+
+void
+restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir)
+{
+	static const char deleted[] = " (deleted)";
+	char buf[PATH_MAX], link[64], *place, *origin = NULL;
+	struct stat st;
+	ssize_t n;
+
+	if (p->g->nfiles == 0 || p->fds[0] < 0)
+		return;
+	/* A staged copy's tree is its origin's, where the path leads to it. */
+	if (stored_copy(p, 0, stage_dir) && (origin = copy_origin(p, path)) == NULL)
+		return;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", p->fds[0]);
+	if (origin != NULL) {
+		snprintf(buf, sizeof(buf), "%s", origin);
+		free(origin);
+	} else if ((n = readlink(link, buf, sizeof(buf) - 1)) <= 0 || buf[0] != '/') {
+		return;
+	} else {
+		buf[n] = '\0';
+		if ((size_t)n >= sizeof(deleted) - 1 &&
+			strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
+			return; /* removed: where it was says nothing of whose it was */
+	}
+	place = file_has_suffix(path, ".safetensors") ? strdup(buf) : path_dir(buf);
+	if (place == NULL)
+		return;
+	free(p->tree_root);
+	p->tree_root = gen_tree_root(place, &p->tree_uid);
+	p->tree_ino_known = p->tree_root != NULL && stat(p->tree_root, &st) == 0 &&
+		st.st_uid == p->tree_uid;
+	p->tree_dev = p->tree_ino_known ? st.st_dev : 0;
+	p->tree_ino = p->tree_ino_known ? st.st_ino : 0;
+	free(place);
+}
+
 void
 restore_prepared_clear(struct registry *r, struct restore_prepared *p)
 {
@@ -491,6 +614,7 @@ restore_prepared_clear(struct registry *r, struct restore_prepared *p)
 	p->resolved_path = NULL;
 	free(p->tree_root);
 	p->tree_root = NULL;
+	registry_kept_clear(&p->kept);
 	free(p->fds);
 	p->fds = NULL;
 	free(p->at);

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "format/source.h"
 #include "fstype.h"
+#include "registry.h"
 
 struct fdstore_model;
 
@@ -182,6 +183,11 @@ struct restore_prepared {
 	int tree_ino_known;
 	dev_t tree_dev;
 	ino_t tree_ino;
+	/* Filled by restore_work() for the current generation
+	 * (restore_tell_files): what its stored descriptors tell of the files
+	 * it served, for the reload wcached makes by itself should it not be
+	 * served (restore_after's keep_stored_tree); nfiles 0: not told. */
+	struct registry_kept_files kept;
 };
 
 /* Checks p's generation (files in path's directory; staged copies are
@@ -216,6 +222,34 @@ int restore_check_layout(struct restore_prepared *p, const char *path);
  * model's configured path. Work queue thread.
  */
 void restore_moved_tree(struct restore_prepared *p, const char *path);
+
+/*
+ * What p's stored descriptors tell of the files its generation served
+ * (the current one), into p->kept: each file's owner, device and inode
+ * (fstat of the stored descriptor: the file as the previous process
+ * opened it, wherever it was renamed since), and whether its one file
+ * lies straight in root (the tree recorded, or NULL) as /proc/self/fd
+ * names it. None told (kept.nfiles 0) where a file is not in the store or
+ * is a staged copy (its owner is its origin's, which the store does not
+ * record), or out of memory. Work queue thread: fstat asks the files'
+ * filesystem (review rev206 H1).
+ */
+void restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char *root);
+
+/*
+ * p's current generation was not restored and the description records no
+ * tree for its model (a store before format version 9): the tree its
+ * first stored file is found in where it is now (as restore_moved_tree
+ * finds it, by /proc/self/fd), or for a staged copy the tree of the file
+ * it was copied from, where the model's path still leads to it (the
+ * origin's device and inode as described), into p->tree_root, tree_uid and
+ * the root's inode, for the reload wcached makes by itself. None where the
+ * file was removed (its place says nothing of whose it was), is not in the
+ * store, or is a copy whose origin the path does not lead to (or was not
+ * recorded: version 3). path: the model's configured path. Work queue
+ * thread (review rev206 M1).
+ */
+void restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
  * origin and staged_dir are NULL). Leaves the stored descriptors it names.

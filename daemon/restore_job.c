@@ -321,6 +321,7 @@ restore_work(struct workq_job *w)
 	 * this generation serves, as after a load (registry_find). */
 	char *resolved = realpath(j->path, NULL);
 	struct gen_found_tree found = { .root = NULL };
+	const struct fdstore_tree *tree = &j->s->desc->models[j->model].tree;
 
 	for (size_t i = 0; i < j->n; i++)
 		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
@@ -348,10 +349,16 @@ restore_work(struct workq_job *w)
 		if (cur->tree_root == NULL)
 			restore_moved_tree(cur, j->path);
 		if (cur->tree_root == NULL)
-			stored_tree(cur, &j->s->desc->models[j->model].tree);
+			stored_tree(cur, tree);
 	} else {
 		free(resolved);
 	}
+	/* Should it not be served: the tree its stored files are found in
+	 * where the description records none (a store before version 9), and
+	 * what they tell of the files it served (review rev206 M1, H1). */
+	if (cur->err < 0 && tree->root == NULL)
+		restore_stored_tree(cur, j->path, j->stage_dir);
+	restore_tell_files(cur, j->stage_dir, tree->root != NULL ? tree->root : cur->tree_root);
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 	lookup_builders(j->artifacts, j->nartifacts);
@@ -670,35 +677,81 @@ restore_still_waits(struct registry *r, const char *name, const char *why, const
 }
 
 /*
+ * Loop thread: the model name, listed and not restored (why), cannot be
+ * judged against a tree (what: the store records none and its stored
+ * files tell none, or it could not be kept): what its path names waits for
+ * the operator's `wcachectl reload NAME`, once, rather than loading as the
+ * operator's load, which would follow its path wherever it leads now
+ * (review rev206 M1, L0, L1).
+ */
+static void
+wait_unjudged(struct registry *r, const char *name, const char *why, const char *what)
+{
+	char line[ERROR_MAX * 2 + 320];
+
+	snprintf(line, sizeof(line), "not restored: %s; %s, so what its path names now is "
+		"served only after the operator's `wcachectl reload %s` (a config reload that "
+		"leaves the model's section unchanged does not load it)", why, what, name);
+	log_errorx("model \"%s\": %s", name, line);
+	registry_wait_for_operator(r, name, line, NULL);
+}
+
+/*
  * Loop thread: the model m, listed (registry_expect) and not restored
  * (why), is loaded as a reload wcached makes by itself, judged against the
  * tree the description recorded for it (fdstore.h's tree: the tree its
  * newest generation was loaded from, or the tree or place the operator's
- * last load of it found), not as the operator's load, which would follow
- * its path wherever it leads now: the model's deployer, or anyone who may
- * rename entries in a directory on its path, may have put another tree
- * there while wcached was down, or made the check fail (review rev204 H2,
- * H3). Files of that tree load as before; others wait for the operator's
- * `wcachectl reload NAME`. 0 (one line logged; the caller has
- * registry_reload_watched load it), or -ENOENT when nothing is recorded
- * (or no memory to keep it): the caller loads it as before.
+ * last load of it found), or, where it records none (a store before format
+ * version 9), the tree its stored current generation's files are found in
+ * now (p, the stored current generation, or NULL: restore_stored_tree);
+ * not as the operator's load, which would follow its path wherever it
+ * leads now: the model's deployer, or anyone who may rename entries in a
+ * directory on its path, may have put another tree there while wcached was
+ * down, or made the check fail (review rev204 H2, H3). Its reload keeps
+ * too what p's stored descriptors told of the files it served (their
+ * owners and identities: restore_tell_files), as a watched reload keeps
+ * them from the generation serving; where they were not told, it waits for
+ * the operator's reload wherever others may write in the directory holding
+ * its files (registry_load.c's owners_told, review rev206 H1). Files of
+ * that tree load as before; others wait for the operator's `wcachectl
+ * reload NAME`. 0 (one line logged; the caller has registry_reload_watched
+ * load it), or -1: nothing to judge it by, or no memory to keep it: it
+ * waits for the operator's reload (wait_unjudged; one line logged).
  */
 static int
-keep_stored_tree(struct registry *r, const struct fdstore_model *m, const char *why)
+keep_stored_tree(struct registry *r, const struct fdstore_model *m,
+	const struct restore_prepared *p, const char *why)
 {
 	const struct fdstore_tree *t = &m->tree;
 	struct registry_tree kept = { .root = t->root, .uid = (uid_t)t->uid,
 		.root_known = t->root_known, .root_dev = (dev_t)t->root_dev,
 		.root_ino = (ino_t)t->root_ino, .place = t->place,
 		.place_mode = (mode_t)t->place_mode, .place_dir_len = t->place_dir_len };
-	char reason[ERROR_MAX];
+	char reason[ERROR_MAX], found[PATH_MAX + 160] = "";
 
-	if (t->root == NULL)
-		return -ENOENT;
 	snprintf(reason, sizeof(reason), "%s", why);
+	if (t->root == NULL && p != NULL && p->tree_root != NULL) {
+		kept = (struct registry_tree){ .root = p->tree_root, .uid = p->tree_uid,
+			.root_known = p->tree_ino_known, .root_dev = p->tree_dev,
+			.root_ino = p->tree_ino };
+		snprintf(found, sizeof(found), " (the store, written by a wcached before format "
+			"version 9, records none: its stored files are found in it)");
+	}
+	if (p != NULL)
+		kept.kept = p->kept;
+	if (kept.root == NULL) {
+		wait_unjudged(r, m->name, reason, "the file descriptor store records no tree to "
+			"judge it against (written by a wcached before format version 9, or the "
+			"tree could not be told) and its stored files tell none");
+		return -1;
+	}
 	if (registry_keep_tree(r, m->name, &kept) < 0) {
-		log_warnx("model \"%s\": %s", m->name, error_get());
-		return -ENOENT;
+		char what[ERROR_MAX + 64];
+
+		snprintf(what, sizeof(what), "the tree its store recorded could not be kept (%s)",
+			error_get());
+		wait_unjudged(r, m->name, reason, what);
+		return -1;
 	}
 	if (t->place != NULL)
 		log_warnx("model \"%s\": not restored: %s; loading it as a reload wcached makes by "
@@ -707,8 +760,10 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m, const char *
 			t->root, t->uid);
 	else
 		log_warnx("model \"%s\": not restored: %s; loading it as a reload wcached makes by "
-			  "itself, judged against the tree %s (uid %" PRIu32 ") that it was last "
-			  "loaded from", m->name, reason, t->root, t->uid);
+			  "itself, judged against the tree %s (uid %u) that it was last loaded "
+			  "from%s%s", m->name, reason,
+			kept.root, (unsigned)kept.uid, found, kept.kept.nfiles > 0 ?
+			" and the owners of the files it served" : "");
 	return 0;
 }
 
@@ -742,11 +797,9 @@ restore_after(struct workq_job *w, int status)
 	} else if (j->others_rename) {
 		wait_for_operator(r, m->name, j->path, j->rename_place, error_get());
 		result = RESTORE_WAITS;
-	} else if (keep_stored_tree(r, m, error_get()) == 0) {
-		result = RESTORE_JUDGED;
 	} else {
-		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
-		result = RESTORE_LOAD;
+		result = keep_stored_tree(r, m, &j->gens[0], error_get()) == 0 ? RESTORE_JUDGED :
+			RESTORE_WAITS;
 	}
 	give_back(s, r, m->name, &j->gens[0], result == RESTORE_SERVED);
 	for (size_t i = 1; i < j->n; i++) {
@@ -880,111 +933,6 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	return 0;
 }
 
-/*
- * A model described with no current generation and no wait (its load
- * failed, its generation was gone from its server or failed while
- * warming, or the store had no room for it), listed while its path is
- * judged off the loop (registry_others_rename_on asks its filesystem,
- * whose server may hang): the previous process knew it, so loading it
- * afresh is no operator's word on what its path names now (review rev204
- * H3).
- */
-struct restore_place_job {
-	struct workq_job job;
-	struct registry *r;
-	char *name;
-	char *path;
-	uint64_t expected;          /* registry_expect()'s token */
-	restore_done_fn done;
-	void *arg;
-	int others_rename;          /* filled off the loop */
-	char rename_place[PATH_MAX + 64];
-};
-
-static void
-place_job_free(struct restore_place_job *j)
-{
-	free(j->name);
-	free(j->path);
-	free(j);
-}
-
-/* Work queue: does j's path go through a place others may rename entries in? */
-static void
-place_work(struct workq_job *w)
-{
-	struct restore_place_job *j = w->arg;
-
-	j->others_rename = registry_others_rename_on(j->path, j->rename_place,
-		sizeof(j->rename_place));
-}
-
-/* Loop thread: in a place others may rename entries in, what j's path
- * names now waits for the operator's `wcachectl reload NAME`; elsewhere
- * it loads afresh as configured (RESTORE_LOAD: her own fix of a model
- * whose load failed in a private place is taken as before). */
-static void
-place_after(struct workq_job *w, int status)
-{
-	struct restore_place_job *j = w->arg;
-	enum restore_result result = RESTORE_GONE;
-
-	if (status == UV_ECANCELED || j->r->closing) {
-		result = RESTORE_GONE;
-	} else if (!registry_expect_end(j->r, j->name, j->expected)) {
-		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
-			j->name);
-	} else if (j->others_rename) {
-		wait_for_operator(j->r, j->name, j->path, j->rename_place,
-			"no current generation was stored");
-		result = RESTORE_WAITS;
-	} else {
-		log_info("model \"%s\": not restored: no current generation was stored; loading",
-			j->name);
-		result = RESTORE_LOAD;
-	}
-	j->done(j->name, result, j->arg);
-	place_job_free(j);
-}
-
-/* Queues place_work for the configured model m (path as configured),
- * listed meanwhile. 0, or -errno with the message (nothing queued, not
- * listed). */
-static int
-queue_place(struct registry *r, const struct fdstore_model *m, const char *path,
-	enum pin_mode pin, int warm, restore_done_fn done, void *arg)
-{
-	struct restore_place_job *j = calloc(1, sizeof(*j));
-	char what[sizeof(j->job.what)];
-	int err;
-
-	if (j == NULL || (j->name = strdup(m->name)) == NULL ||
-		(j->path = strdup(path)) == NULL) {
-		if (j != NULL)
-			place_job_free(j);
-		return error_set(-ENOMEM, "out of memory");
-	}
-	j->r = r;
-	j->done = done;
-	j->arg = arg;
-	j->job.arg = j;
-	if ((j->expected = registry_expect(r, m->name, path, pin, warm)) == 0) {
-		err = registry_find(r, m->name) != NULL ? -EEXIST : -ENOMEM;
-		place_job_free(j);
-		return error_set(err, "%s", err == -EEXIST ? "it is listed already" :
-			"out of memory");
-	}
-	snprintf(what, sizeof(what), "model \"%s\": a warm restart's look at the "
-		"directories its path goes through", m->name);
-	if ((err = workq_submit(&r->workq, &j->job, WORKQ_UNKNOWN, what, place_work,
-			place_after)) < 0) {
-		(void)registry_expect_end(r, m->name, j->expected);
-		place_job_free(j);
-		return error_set(err, "%s", uv_strerror(err));
-	}
-	return 0;
-}
-
 /* restore_model's model m, described waiting for the operator's reload
  * with nothing to restore (why not, or NULL: none stored): listed, not
  * loaded, and still waiting (restore_still_waits). RESTORE_MODEL_WAITS, or
@@ -1005,25 +953,27 @@ waits_still(struct registry *r, const struct fdstore_model *m, const char *path,
 }
 
 /* restore_model's model m, not restored (why) with its path unchanged:
- * listed, and judged as keep_stored_tree says: RESTORE_MODEL_JUDGED. 0:
- * load afresh now (nothing recorded, or it could not be listed; one line
- * logged). */
+ * listed, and judged as keep_stored_tree says: RESTORE_MODEL_JUDGED, or
+ * RESTORE_MODEL_WAITS where nothing tells a tree to judge it by (a store
+ * before format version 9 with no generation stored: waits once for the
+ * operator's reload, review rev206 M1) or it could not be kept (L1). A
+ * model listed already (a check that could not be queued listed it) is
+ * judged all the same. 0: load afresh now (it could not be listed: no
+ * memory or status slot, which the load meets too; one line logged). */
 static int
 judged_load(struct registry *r, const struct fdstore_model *m, const char *path,
 	enum pin_mode pin, int warm, const char *why)
 {
-	uint64_t expected;
+	uint64_t expected = registry_expect(r, m->name, path, pin, warm);
 
-	if (m->tree.root == NULL) {
-		log_info("model \"%s\": not restored: %s; loading", m->name, why);
-		return 0;
-	}
-	if ((expected = registry_expect(r, m->name, path, pin, warm)) == 0) {
+	if (expected == 0 && registry_find(r, m->name) == NULL) {
 		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
 		return 0;
 	}
-	(void)registry_expect_end(r, m->name, expected);
-	return keep_stored_tree(r, m, why) == 0 ? RESTORE_MODEL_JUDGED : 0;
+	if (expected != 0)
+		(void)registry_expect_end(r, m->name, expected);
+	return keep_stored_tree(r, m, NULL, why) == 0 ? RESTORE_MODEL_JUDGED :
+		RESTORE_MODEL_WAITS;
 }
 
 /* Queues the check of a configured model's stored generations, or says
@@ -1056,13 +1006,8 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 			m->path);
 	else if (!s->status_taken)
 		return judged_load(r, m, path, pin, warm, "the stored status page was not usable");
-	else if (g == NULL && m->tree.root != NULL)
-		return judged_load(r, m, path, pin, warm, "no current generation was stored");
-	else if (g == NULL && queue_place(r, m, path, pin, warm, done, arg) == 0)
-		return 1;
 	else if (g == NULL)
-		log_warnx("model \"%s\": not restored: no current generation was stored, and its "
-			  "path could not be judged (%s); loading", name, error_get());
+		return judged_load(r, m, path, pin, warm, "no current generation was stored");
 	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0) {
 		char why[ERROR_MAX];
 

@@ -18,8 +18,9 @@ from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl, model_entry
 from remotefs import RemoteFS  # tests/pyutil, on the path conftest set
 from test_reload_refused import REMOTE, SECRET_BYTES, remote_place, secret_never_served
-from test_tree_places import (BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager, as_bob,
-                              made_by, roots_private_model)
+from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager,
+                              alices_file_in_a_shared_place, as_alice, as_bob, made_by,
+                              roots_private_model)
 from test_warm_restart import ready, start
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -28,11 +29,12 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
 USER = (DAEMON_UID, WCACHED_GID)
 
 
-def restart_with(tmp_path, models, started, while_down):
-    """Starts wcached under a fake service manager, runs started(d) once
-    the description is stored, stops it, runs while_down(), starts it again
-    warm and returns (d, mgr) (the caller stops both)."""
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
+def restart_with(tmp_path, models, started, while_down, max_fds=None):
+    """Starts wcached under a fake service manager (with room for max_fds
+    descriptors, or any), runs started(d, mgr) once the description is
+    stored, stops it, runs while_down(), starts it again warm and returns
+    (d, mgr) (the caller stops both)."""
+    mgr = FakeManager(str(tmp_path / "notify.sock"), max_fds=max_fds)
     os.chmod(mgr.path, 0o666)
     d = Daemon(tmp_path, models, user=USER, nofile=1024)
     start(d, mgr, user=USER)
@@ -108,8 +110,9 @@ def test_a_deployers_link_to_roots_private_model_at_a_warm_restart_waits(tmp_pat
         assert re.search(r'model "llama": not restored: .*as a reload wcached makes by '
                          r'itself', d.read_log()), d.read_log()
     finally:
-        d.stop()
+        status = d.stop()
         mgr.close()
+    assert status == 0, d.read_log()   # the restarted process: ASan's leak report fails it
 
 
 def test_the_deployers_own_update_at_a_warm_restart_loads(tmp_path):
@@ -128,8 +131,9 @@ def test_the_deployers_own_update_at_a_warm_restart_loads(tmp_path):
         assert "generation 2 from" in line, d.read_log()
         assert "waits_for_reload" not in model_entry(d, "llama")
     finally:
-        d.stop()
+        status = d.stop()
         mgr.close()
+    assert status == 0, d.read_log()
 
 
 # A warm restart of a model the previous process described with no current
@@ -176,8 +180,9 @@ def failed_at_start_then_stopped(tmp_path, llama):
         assert d.stop() == 0, d.read_log()
         yield d, mgr
     finally:
-        d.stop()
+        code = d.stop()
         mgr.close()
+    assert code == 0, d.read_log()   # the restarted process: ASan's leak report fails it
 
 
 def test_a_model_nothing_serves_is_not_loaded_as_the_operators_by_a_warm_restart(tmp_path):
@@ -240,8 +245,9 @@ def gone_then_renamed_while_down(tmp_path):
             time.sleep(0.3)     # the mount's attribute cache (attr_timeout)
             yield d, mgr, fs
         finally:
-            d.stop()
+            code = d.stop()
             mgr.close()
+    assert code == 0, d.read_log()   # the restarted process: ASan's leak report fails it
 
 
 def test_a_gone_remote_generation_is_not_loaded_as_the_operators_by_a_warm_restart(tmp_path):
@@ -267,3 +273,90 @@ def test_the_operators_reload_while_a_restart_judges_the_path_is_not_lost(tmp_pa
             fs.thaw()
         d.wait_for_log(r'model "llama": not restored: no current generation was stored; ')
         d.wait_for_log(r'model "llama": generation \d+ from .*: 1 file, 275384 bytes')
+
+
+def alices_moves_and_bobs_file(shared):
+    """alice renames her one-file model aside (keeping it while she
+    redeploys: the same inode, its ctime moved, so a warm restart's check
+    fails) and bob renames his file at its freed name in the sticky place."""
+    as_alice("mv m.safetensors m.old", shared)
+    as_bob("mv b.tmp m.safetensors", shared)
+
+
+def alice_stored(d, mgr):
+    wait_until(lambda: ready(d, "alice"), what="alice ready")
+    mgr.wait_for(lambda m: "wc-desc" in m.store, what="the description stored")
+
+
+def bobs_file_never_served(d, m):
+    """alice's load waited for the operator: bob's file (now at m) was not
+    served as her generation 2, and status says she waits."""
+    _, line = d.wait_for_log(r'model "alice": (generation 2 from|its path .* names a file now '
+                             r'owned|its files .* lie in|.*wcachectl reload alice)', timeout=60)
+    time.sleep(2)   # anything wcached would load by itself comes meanwhile
+    log = d.read_log()
+    assert os.stat(m).st_uid == BOB_UID
+    assert not re.search(r'model "alice": generation 2 from', log), \
+        "bob's file served as alice's generation 2 after a warm restart:\n" + log
+    assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")
+    return line
+
+
+def test_a_neighbours_file_at_a_one_file_models_name_in_a_shared_place_at_a_restart_waits(
+        tmp_path):
+    """alice's model is one file straight in a sticky place (1777, root's:
+    its tree). While wcached restarts she renames her file aside and bob
+    renames his at its name: the check fails, and the restart's judged load
+    keeps, as a watched reload would, the owner of the file it served
+    (alice's, told by its stored descriptor), so bob's file waits for
+    `wcachectl reload alice`. Before, it kept the tree's root and owner only
+    and served bob's file as alice's generation 2 (review rev206 H1)."""
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    d, mgr = restart_with(tmp_path, {"alice": m}, lambda d, mgr: (
+        alice_stored(d, mgr), mgr.wait_for(lambda s: "wc-1-1-i" in s.store,
+                                           what="alice's generation stored")),
+        lambda: alices_moves_and_bobs_file(shared))
+    try:
+        line = bobs_file_never_served(d, m)
+        assert "names a file now owned by uid %d (was uid %d)" % (BOB_UID, ALICE_UID) in line, \
+            d.read_log()
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
+def test_a_neighbours_file_at_the_name_of_a_model_stored_without_its_generation_waits(
+        tmp_path):
+    """The same, with no room in the store for alice's generation (a unit's
+    FileDescriptorStoreMax= of 2: the status page and the description): the
+    restart has no descriptor to tell whose the file it served was, and its
+    judged load waits for `wcachectl reload alice` where others may write in
+    the directory holding the files. Before, bob's file was served."""
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    d, mgr = restart_with(tmp_path, {"alice": m}, alice_stored,
+                          lambda: alices_moves_and_bobs_file(shared), max_fds=2)
+    try:
+        assert not any(k.endswith("-i") for k in mgr.store), sorted(mgr.store)
+        line = bobs_file_never_served(d, m)
+        assert "the warm restart could not tell whose the files it served" in line, \
+            d.read_log()
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
+def test_a_neighbours_file_at_a_one_file_models_name_while_wcached_runs_waits(tmp_path):
+    """Control for the two above: the same two moves with wcached running
+    wait for the operator (same_file_owner, review rev187 R2b)."""
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    d = Daemon(tmp_path, {"alice": m}, user=USER, nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        alices_moves_and_bobs_file(shared)
+        d.wait_for_log(r'model "alice": its path .* names a file now owned by uid %d' % BOB_UID)
+        time.sleep(1)
+        assert 'model "alice": generation 2' not in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from conftest import Daemon, binary, mkmodel, wait_until
+from ctlutil import ctl
 from fakemanager import FakeManager
 from test_stage import MARKER, entries, generation, model_fds, own_dir
 from test_warm_restart import finish, ready, start, worker
@@ -240,7 +241,10 @@ def descriptions_stored(mgr):
 
 def test_a_copy_described_by_an_older_wcached_is_staged_again(tmp_path):
     """Version 3 did not record a copy's origin: whether the source is still
-    the file copied cannot be told, so the model is staged again (safe)."""
+    the file copied cannot be told, so the model is not restored; nor does
+    it record the tree its generation was loaded from, and a copy's place
+    tells none, so what its path names waits, once, for the operator's
+    `wcachectl reload m` (review rev206 M1), which stages it again."""
     src, mgr, d, stage_dir = staged_model(tmp_path)
     try:
         start_stored(d, mgr)
@@ -250,6 +254,11 @@ def test_a_copy_described_by_an_older_wcached_is_staged_again(tmp_path):
             assert origins(desc)[(1, 0)] == (os.stat(src).st_dev, os.stat(src).st_ino)
             replace_description(mgr, to_version_3(desc))
         start(d, mgr, *mgr.listen_fds())
+        d.wait_for_log(r'model "m": not restored: .*records no tree to judge it against.*'
+                       r'wcachectl reload m', timeout=60)
+        assert generation(d) is None   # nothing serves
+        r = ctl(d, "reload", "m")
+        assert r.returncode == 0, r.stdout + r.stderr
         wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
         log = d.read_log()
         assert (f"the description of its copy of {src} does not say which file it was "

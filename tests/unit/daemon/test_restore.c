@@ -1102,44 +1102,154 @@ test_no_current_generation_is_judged_against_its_tree(void **state)
 }
 
 /*
- * The same from a store that records no tree: its path is walked on the
- * work queue; in a place only its owner may rename entries in it loads
- * afresh as before (RESTORE_LOAD), in one others may (a 0777 directory,
- * not sticky) it waits for the operator's reload (RESTORE_WAITS).
+ * The same from a store that records no tree (written by a wcached before
+ * format version 9): nothing tells what its path names now is the tree it
+ * was loaded from, so it waits, once, for the operator's reload
+ * (RESTORE_MODEL_WAITS), in a place only its owner may rename entries in
+ * too. Before, it loaded there as the operator's load (review rev206 M1).
  */
 static void
-test_no_current_generation_and_no_tree_is_judged_by_place(void **state)
+test_no_current_generation_and_no_tree_waits(void **state)
 {
 	struct fixture *f = *state;
-	char *log, *dir = path_dir(f->path);
+	char *log;
 
-	assert_non_null(dir);
 	no_current(f, 0);
 	du_log_start(&f->t);
 	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
-		f), 1);
-	du_run_until(&f->t, is_done, f);
+		f), RESTORE_MODEL_WAITS);
 	log = du_log_stop(&f->t);
-	assert_int_equal(f->result, RESTORE_LOAD);
 	assert_non_null(strstr(log, "model \"m\": not restored: no current generation was "
-		"stored; loading"));
-	assert_null(strstr(log, "reload wcached makes by itself"));
-	free(log);
-	/* Again, in a place others may rename entries in. */
-	assert_int_equal(registry_unload(&f->t.reg, "m"), 0);
-	assert_int_equal(chmod(dir, 0777), 0);
-	f->done = 0;
-	du_log_start(&f->t);
-	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
-		f), 1);
-	du_run_until(&f->t, is_done, f);
-	log = du_log_stop(&f->t);
-	assert_int_equal(chmod(dir, 0700), 0);
-	assert_int_equal(f->result, RESTORE_WAITS);
-	assert_non_null(strstr(log, "a directory others than its owner may rename entries in"));
+		"stored; the file descriptor store records no tree to judge it against"));
+	assert_non_null(strstr(log, "served only after the operator's `wcachectl reload m`"));
+	assert_null(strstr(log, "; loading"));
 	assert_true(registry_find(&f->t.reg, "m")->refused_tree);
+	assert_int_equal(f->done, 0);
 	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
 	free(log);
+}
+
+/*
+ * Review rev206 H1: a model not restored (stage = yes now) is loaded as a
+ * reload wcached makes by itself, which keeps, besides the recorded tree,
+ * what the stored descriptor tells of the file it served: its owner and
+ * identity, and that it lay straight in the tree (a one-file model), as a
+ * watched reload keeps them from the generation serving. Before, the
+ * tree's root and owner alone.
+ */
+static void
+test_a_model_not_restored_keeps_the_owner_of_its_file(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	struct stat st;
+	char *log, *dir = path_dir(f->file);
+
+	assert_non_null(dir);
+
+	assert_int_equal(stat(f->file, &st), 0);
+	log = restore_with_stage(f, FS_STAGE_YES);
+	assert_int_equal(f->result, RESTORE_JUDGED);
+	assert_non_null(strstr(log, ") that it was last loaded from and the owners of the files "
+		"it served"));
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_string_equal(e->operator_tree.root, dir);
+	assert_int_equal(e->operator_tree.kept.nfiles, 1);
+	assert_int_equal(e->operator_tree.kept.owners[0], st.st_uid);
+	assert_int_equal(e->operator_tree.kept.ids[0].dev, st.st_dev);
+	assert_int_equal(e->operator_tree.kept.ids[0].ino, st.st_ino);
+	assert_true(e->operator_tree.kept.named_file);
+	assert_false(e->operator_tree.owners_untold);
+	free(log);
+	free(dir);
+}
+
+/* A staged copy's owner is wcached's, not its origin's (which the store
+ * does not record): not told, and the reload waits wherever others may
+ * write beside its files (owners_untold). */
+static void
+test_a_staged_copy_not_restored_tells_no_owner(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	char *log;
+
+	log = restore_with_stage(f, FS_STAGE_NO);
+	assert_int_equal(f->result, RESTORE_JUDGED);
+	assert_null(strstr(log, "and the owners of the files it served"));
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_int_equal(e->operator_tree.kept.nfiles, 0);
+	assert_true(e->operator_tree.owners_untold);
+	free(log);
+}
+
+/* m's description as a version 8 store's: no tree recorded. */
+static void
+no_tree(struct fixture *f)
+{
+	struct fdstore_model *m = &f->s->desc->models[0];
+
+	free(m->tree.root);
+	free(m->tree.place);
+	m->tree = (struct fdstore_tree){ .root = NULL };
+}
+
+/*
+ * Review rev206 M1: a store written before format version 9 records no
+ * tree; the upgrade's restart of a model whose check failed (its file's
+ * ctime moved: chmod) takes the tree its stored file is found in now, by
+ * its descriptor, and loads it as a reload wcached makes by itself judged
+ * against that tree. Before, it loaded as the operator's load.
+ */
+static void
+test_a_version_8_model_not_restored_is_judged_by_its_stored_file(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	char *log, *dir = path_dir(f->file);
+
+	assert_non_null(dir);
+
+	no_tree(f);
+	assert_int_equal(chmod(f->file, 0640), 0);
+	log = restore_checked(f);
+	assert_int_equal(f->result, RESTORE_JUDGED);
+	assert_non_null(strstr(log, "written in place since it was stored"));
+	assert_non_null(strstr(log, "(the store, written by a wcached before format version 9, "
+		"records none: its stored files are found in it)"));
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_string_equal(e->operator_tree.root, dir);
+	assert_true(e->operator_tree.root_known);
+	assert_int_equal(e->operator_tree.kept.nfiles, 1);
+	free(log);
+	free(dir);
+}
+
+/* ... and one whose stored file was written (it grew) and removed
+ * (another renamed over it): where it was says nothing of whose it was,
+ * so it waits, once, for the operator's reload (RESTORE_WAITS). */
+static void
+test_a_version_8_model_whose_file_was_replaced_waits(void **state)
+{
+	struct fixture *f = *state;
+	char *log, *dir = path_dir(f->file), *other;
+	int fd;
+
+	assert_non_null(dir);
+	other = tu_write(dir, "other.tmp", "abc", 3);
+	no_tree(f);
+	fd = open(f->file, O_WRONLY | O_APPEND | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "x", 1), 1);
+	close(fd);
+	assert_int_equal(rename(other, f->file), 0);
+	log = restore_checked(f);
+	assert_int_equal(f->result, RESTORE_WAITS);
+	assert_non_null(strstr(log, "records no tree to judge it against"));
+	assert_null(strstr(log, "; loading"));
+	assert_true(registry_find(&f->t.reg, "m")->refused_tree);
+	free(log);
+	free(other);
 	free(dir);
 }
 
@@ -1149,8 +1259,17 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(
 			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_current_generation_and_no_tree_waits,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_no_current_generation_and_no_tree_is_judged_by_place, setup, teardown),
+			test_a_model_not_restored_keeps_the_owner_of_its_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_staged_copy_not_restored_tells_no_owner,
+			setup_staged, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_version_8_model_not_restored_is_judged_by_its_stored_file, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_version_8_model_whose_file_was_replaced_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_sparse_model_is_not_restored,
