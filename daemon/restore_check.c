@@ -445,25 +445,42 @@ out:
 		snprintf(p->why, sizeof(p->why), "%s", error_get());
 }
 
-void
-restore_moved_tree(struct restore_prepared *p, const char *path)
+/* The place a load of the model configured at path finds its file named
+ * file in: that file for a model that is one .safetensors file, else its
+ * directory (allocated; NULL: out of memory). */
+static char *
+file_place(const char *file, const char *path)
+{
+	return file_has_suffix(path, ".safetensors") ? strdup(file) : path_dir(file);
+}
+
+/* file_place() of the open file fd where /proc/self/fd names it, absolute
+ * and not removed (where it was says nothing of whose it was); else NULL. */
+static char *
+fd_place(int fd, const char *path)
 {
 	static const char deleted[] = " (deleted)";
-	struct gen_found_tree found = { .root = NULL };
-	char buf[PATH_MAX], link[64], *place;
+	char buf[PATH_MAX], link[64];
 	ssize_t n;
 
-	if (!p->moved || p->origin != NULL || p->src.nfiles == 0 || p->src.files[0].fd < 0)
-		return;
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", p->src.files[0].fd);
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	if ((n = readlink(link, buf, sizeof(buf) - 1)) <= 0 || buf[0] != '/')
-		return;
+		return NULL;
 	buf[n] = '\0';
 	if ((size_t)n >= sizeof(deleted) - 1 &&
 		strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
-		return; /* removed: where it was says nothing of whose it was */
-	place = file_has_suffix(path, ".safetensors") ? strdup(buf) : path_dir(buf);
-	if (place == NULL)
+		return NULL;
+	return file_place(buf, path);
+}
+
+void
+restore_moved_tree(struct restore_prepared *p, const char *path)
+{
+	struct gen_found_tree found = { .root = NULL };
+	char *place;
+
+	if (!p->moved || p->origin != NULL || p->src.nfiles == 0 || p->src.files[0].fd < 0 ||
+		(place = fd_place(p->src.files[0].fd, path)) == NULL)
 		return;
 	free(p->resolved_path);
 	p->resolved_path = gen_resolved_path(place, realpath(place, NULL), &p->src, NULL, &found);
@@ -565,29 +582,17 @@ copy_origin(const struct restore_prepared *p, const char *path)
 void
 restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir)
 {
-	static const char deleted[] = " (deleted)";
-	char buf[PATH_MAX], link[64], *place, *origin = NULL;
+	char *place, *origin = NULL;
 	struct stat st;
-	ssize_t n;
 
 	if (p->g->nfiles == 0 || p->fds[0] < 0)
 		return;
 	/* A staged copy's tree is its origin's, where the path leads to it. */
-	if (stored_copy(p, 0, stage_dir) && (origin = copy_origin(p, path)) == NULL)
-		return;
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", p->fds[0]);
-	if (origin != NULL) {
-		snprintf(buf, sizeof(buf), "%s", origin);
-		free(origin);
-	} else if ((n = readlink(link, buf, sizeof(buf) - 1)) <= 0 || buf[0] != '/') {
-		return;
-	} else {
-		buf[n] = '\0';
-		if ((size_t)n >= sizeof(deleted) - 1 &&
-			strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
-			return; /* removed: where it was says nothing of whose it was */
-	}
-	place = file_has_suffix(path, ".safetensors") ? strdup(buf) : path_dir(buf);
+	if (stored_copy(p, 0, stage_dir))
+		place = (origin = copy_origin(p, path)) != NULL ? file_place(origin, path) : NULL;
+	else
+		place = fd_place(p->fds[0], path);
+	free(origin);
 	if (place == NULL)
 		return;
 	free(p->tree_root);
