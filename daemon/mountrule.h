@@ -51,9 +51,10 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * as the kernel would, at most 40, however long their text grows; none on
  * procfs, whose magic links lead where their text does not say: refused,
  * EXDEV, review rev207 H2, H3) without looking anything up in a
- * FUSE filesystem a user mounted (fusermount3: a neighbour may mount one
- * on any directory he may write, the model's own directory or one above
- * it included, or on a file of his that a link he renamed in leads to;
+ * FUSE filesystem a user mounted (fstype.h's user_mount; fusermount3: a
+ * neighbour may mount one on any directory he may write, the model's own
+ * directory or one above it included, or on a file of his that a link he
+ * renamed in leads to;
  * its server may never answer): each mount crossed is judged from its
  * device (statx AT_STATX_DONT_SYNC: no server asked) and the mount table
  * before anything on it is looked up (review rev205 H1, H2). root's own
@@ -62,7 +63,11 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * mountrule_open: an O_PATH descriptor of what path names; -EXDEV with
  * why set (one line naming the path, the name on the mount, the mount and
  * the reason) where a user's FUSE mount is met; else -errno as open(2)
- * would fail. w: the run it is part of, or NULL for a walk of its own.
+ * would fail, or the walk's own (above; a mount table that cannot be
+ * read). Every caller takes any error as
+ * the answer and looks the path up by name no further: what the walk did
+ * not reach it did not judge (review rev207 H2). w: the run it is part
+ * of, or NULL for a walk of its own.
  * mountrule_stat: stat(2) of path, by the walk and fstat(2) of that very
  * file (no second walk a link could be renamed into): 0, or -1 and errno
  * (EXDEV for a user's FUSE mount, why set; why may be NULL, len 0).
