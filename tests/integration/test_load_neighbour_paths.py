@@ -456,12 +456,36 @@ def test_a_neighbours_link_swapped_over_a_shard_after_the_loads_open_hangs_nothi
     mdir, shards = team_model(tmp_path)
     evil = mdir / "bob-evil"
     neighbours_file(evil, b"x")
+    link_swapped_over_a_shard(tmp_path, mdir, shards, evil, "bob-evil")
+
+
+def test_a_link_into_bobs_fuse_directory_swapped_over_a_shard_after_the_open_hangs_nothing(
+        tmp_path):
+    """As above, with bob's server mounted on bobdir/, his directory in m/,
+    and the link `-> bobdir/x`: the check whether the shard is at its place
+    opened the name again with openat2 RESOLVE_BENEATH but not
+    RESOLVE_NO_XDEV, which crossed onto bobdir and looked x up in his
+    server (LOOKUP, never answered; review rev207 H5). A crossing inside
+    the tree is judged before anything on it is looked up now, as the
+    load's own open judges it."""
+    mdir, shards = team_model(tmp_path)
+    bobdir = mdir / "bobdir"
+    bobdir.mkdir()
+    os.chown(bobdir, *BOB)
+    link_swapped_over_a_shard(tmp_path, mdir, shards, bobdir, "bobdir/x")
+
+
+def link_swapped_over_a_shard(tmp_path, mdir, shards, target, text):
+    """Bob's HangFS on target (his file or directory in m/), his link
+    `-> text` swapped with root's first shard at its name while the
+    operator reloads m RACED_RELOADS times: no thread of wcached waits on
+    his server."""
     d = Daemon(tmp_path, {"m": str(mdir)}).start()
     try:
         ready(d, "m", 1)
-        with HangFS(evil, *BOB, directory=False) as fs:
+        with HangFS(target, *BOB, directory=target.is_dir()) as fs:
             link = mdir / ".bob-link"
-            os.symlink("bob-evil", link)
+            os.symlink(text, link)
             os.lchown(link, *BOB)
             swap = subprocess.Popen([sys.executable, "-c", EXCHANGE, str(mdir), ".bob-link",
                                      shards[0][0], "600"])
