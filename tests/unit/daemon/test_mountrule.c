@@ -173,6 +173,40 @@ proc_links(void)
 	close(fd);
 }
 
+/* /proc/.. n times, then DIR: 2n mounts crossed (procfs and back). */
+static void
+bounce(char *buf, size_t cap, int n)
+{
+	size_t at = 0;
+
+	for (int i = 0; i < n && at + 10 < cap; i++)
+		at += (size_t)snprintf(buf + at, cap - at, "/proc/..");
+	snprintf(buf + at, cap - at, "%s", dir);
+}
+
+/*
+ * One walk crosses 64 mounts at the most (rev207 H4: a neighbour's links
+ * of "/proc/.." made one cross 40,000, each judged): a path of 60
+ * crossings is stat(2)'s, one of 66 is refused, naming the path.
+ */
+static void
+crossings(void)
+{
+	char p[PATH_MAX], why[MOUNTRULE_WHY];
+	struct stat a, b;
+
+	bounce(p, sizeof(p), 30);
+	assert_int_equal(stat(p, &a), 0);
+	assert_int_equal(mountrule_stat(NULL, p, &b, why, sizeof(why)), 0);
+	assert_true(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+	bounce(p, sizeof(p), 33);
+	errno = 0;
+	assert_int_equal(mountrule_stat(NULL, p, &b, why, sizeof(why)), -1);
+	assert_int_equal(errno, EXDEV);
+	assert_int_equal(strncmp(why, p, strlen(p)), 0);
+	assert_non_null(strstr(why, ": the walk crossed more than 64 mounts"));
+}
+
 static void
 test_walks_as_stat(void **state)
 {
@@ -222,6 +256,7 @@ test_walks_as_stat(void **state)
 	mountrule_walk_end(&w);
 	assert_int_equal(chdir("/"), 0);
 	proc_links();
+	crossings();
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	assert_int_equal(system(rm), 0);
 }
