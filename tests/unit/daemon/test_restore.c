@@ -1183,6 +1183,16 @@ test_a_staged_copy_not_restored_tells_no_owner(void **state)
 	free(log);
 }
 
+/* Whether the model m has a generation from a load (not the stored one). */
+static bool
+loaded_anew(struct du *t, void *arg)
+{
+	const struct model_entry *e = registry_find(&t->reg, "m");
+
+	(void)arg;
+	return e != NULL && e->current != NULL && e->current->number >= 2;
+}
+
 /* m's description as a version 8 store's: no tree recorded. */
 static void
 no_tree(struct fixture *f)
@@ -1222,6 +1232,56 @@ test_a_version_8_model_not_restored_is_judged_by_its_stored_file(void **state)
 	assert_true(e->operator_tree.root_known);
 	assert_int_equal(e->operator_tree.kept.nfiles, 1);
 	free(log);
+	free(dir);
+}
+
+/*
+ * The operator's `wcachectl reload m` while the restart's check of m runs
+ * (answered: a load is already in progress; reload_again) is her word on
+ * what its path names: once the check fails and m waits (a version 8
+ * model whose stored file was written and removed: nothing tells its
+ * tree), her reload runs (registry_wait_for_operator) and loads the file
+ * at its path as generation 2 (review rev206 L4: the place job that
+ * covered this branch is gone).
+ */
+static void
+test_the_operators_reload_during_the_check_runs_once_it_waits(void **state)
+{
+	struct fixture *f = *state;
+	char *log, *dir = path_dir(f->file), *other, buf[65536];
+	int in, out, fd;
+	ssize_t n;
+
+	assert_non_null(dir);
+	other = path_join(dir, "other.tmp");
+	assert_non_null(other);
+	in = open(f->file, O_RDONLY | O_CLOEXEC);
+	out = open(other, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	assert_true(in >= 0 && out >= 0);
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		assert_int_equal(write(out, buf, (size_t)n), n);
+	close(in);
+	close(out);
+	no_tree(f);
+	fd = open(f->file, O_WRONLY | O_APPEND | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "x", 1), 1);
+	close(fd);
+	assert_int_equal(rename(other, f->file), 0);
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), 1);
+	assert_int_equal(registry_reload(&f->t.reg, "m", NULL, NULL), 0);
+	assert_int_equal(registry_find(&f->t.reg, "m")->reload_again, RELOAD_OPERATOR);
+	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
+	du_run_until(&f->t, is_done, f);
+	assert_int_equal(f->result, RESTORE_WAITS);
+	du_run_until(&f->t, loaded_anew, NULL);
+	log = du_log_stop(&f->t);
+	assert_non_null(strstr(log, "records no tree to judge it against"));
+	assert_non_null(strstr(log, "model \"m\": generation 2 from "));
+	free(log);
+	free(other);
 	free(dir);
 }
 
@@ -1270,6 +1330,9 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_version_8_model_whose_file_was_replaced_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_the_operators_reload_during_the_check_runs_once_it_waits, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_sparse_model_is_not_restored,
