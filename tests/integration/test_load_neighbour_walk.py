@@ -11,6 +11,7 @@ INIT answered, nothing else); the tests skip, saying why, without root or
 /dev/fuse.
 """
 import os
+import resource
 import subprocess
 
 from conftest import Daemon
@@ -107,3 +108,37 @@ def test_a_magic_link_to_bobs_detached_fuse_file_is_not_followed(tmp_path):
         if fd >= 0:
             os.close(fd)
         assert d.stop() == 0, d.read_log()[-3000:]
+
+
+def test_wcached_check_whose_walk_fails_otherwise_looks_nothing_up_by_name(tmp_path):
+    """Bob's link model.safetensors -> bob-evil, and `wcached --check` run
+    with so few descriptors (RLIMIT_NOFILE 4 to 8) that the walk's own
+    opens, or its read of the mount table, fail (EMFILE) where a stat(2)
+    by name needs none: each run ends, the model refused with the walk's
+    reason. Before, --check went on after any walk error but EXDEV to
+    source_open's stat(2) of the path: GETATTR to bob's server, never
+    answered (review rev207 H2's callers; the load's load_work likewise)."""
+    team, evil = one_file_team_model(tmp_path)
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")})
+    d.start()
+    assert d.stop() == 0  # only its config is wanted
+    outs, stuck = {}, None
+    with HangFS(evil, *BOB, directory=False):
+        bobs_link(team, "model.safetensors", "bob-evil")
+        for n in range(4, 9):
+            p = subprocess.Popen(
+                [binary("wcached"), "-c", d.conf, "--check"], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True,
+                preexec_fn=lambda n=n: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)))
+            try:
+                outs[n] = p.communicate(timeout=60)[0]
+            except subprocess.TimeoutExpired:
+                stuck = blocked_in_fuse(p.pid)
+                p.kill()  # ends once HangFS fails what it holds, below
+                outs[n] = None
+                break
+    p.communicate()
+    assert None not in outs.values(), ("wcached --check waits on bob's FUSE server", outs,
+                                       stuck)
+    assert all('model "m": ' in out and "ok:" not in out for out in outs.values()), outs
+    assert any("Too many open files" in out for out in outs.values()), outs
