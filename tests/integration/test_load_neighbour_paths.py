@@ -19,12 +19,13 @@ blocked threads *while* the mount is there (fusehang.blocked_in_fuse).
 """
 import ctypes
 import os
+import socket
 import subprocess
 import sys
 import time
 
 from conftest import Daemon, mkmodel, wait_until
-from ctlutil import binary, model_entry
+from ctlutil import Control, binary, model_entry
 from test_watch_pending import ready
 from test_watch_writer_neighbours import BOB, neighbours_file
 from test_load_neighbour_mounts import team_model, error_of
@@ -64,29 +65,39 @@ def stuck_or(d, cond, timeout=20):
     return stuck
 
 
-# The operator's reloads a race test makes while bob races them: the old
-# code lost H3's race by the 173rd at worst in 8 runs (35th to 173rd; the
-# watched reloads his renames made, backing off to one per 30 s, gave
-# about 14 tries a minute and lost it in 2 runs of 5).
-RACED_RELOADS = 400
+# The operator's reloads a race test makes while bob races them, one after
+# another: the old code (a6f1403) lost H3's race within 2000 in 12 runs of
+# 12 (within 400 in 6 of 8; the watched reloads his renames made, backing
+# off to one per 30 s, gave him about 14 tries a minute and lost it in 2
+# runs of 5). 2000 take about 8 s in the ASan build.
+RACED_RELOADS = 2000
 
 
 def reloads_stuck(d, name, tries=RACED_RELOADS):
-    """The operator's `wcachectl reload NAME`, tries times one after
-    another: the threads of wcached waiting on a FUSE server once a reload
-    waits on one, else after the last ([] when none)."""
-    for i in range(tries):
-        p = subprocess.Popen([binary("wcachectl"), "--control", d.control, "reload", name],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            stuck = wait_until(lambda: blocked_in_fuse(d.proc.pid) or p.poll() is not None,
-                               timeout=60, what="reload %d of %s to end" % (i + 1, name))
-        finally:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        if stuck is not True:
-            return stuck
+    """The operator's `reload NAME`, tries times one after another on one
+    control connection (no process started for each: under ASan that was
+    most of a try): the threads of wcached waiting on a FUSE server once a
+    reload waits on one, else after the last ([] when none)."""
+    c = Control(d, timeout=0.05)
+    try:
+        for i in range(tries):
+            c.send(b"reload %s\n" % name.encode())
+            deadline = time.monotonic() + 60
+            while b"\n" not in c.buf:
+                try:
+                    chunk = c.sock.recv(65536)
+                except socket.timeout:
+                    stuck = blocked_in_fuse(d.proc.pid)
+                    if stuck:
+                        return stuck
+                    assert time.monotonic() < deadline, "reload %d of %s: no answer" % (i + 1,
+                                                                                       name)
+                    continue
+                assert chunk, "wcached closed the control connection"
+                c.buf += chunk
+            c.buf = c.buf.split(b"\n", 1)[1]
+    finally:
+        c.close()
     return stuck_or(d, lambda: False, timeout=0)
 
 
