@@ -727,15 +727,17 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m,
 		.root_known = t->root_known, .root_dev = (dev_t)t->root_dev,
 		.root_ino = (ino_t)t->root_ino, .place = t->place,
 		.place_mode = (mode_t)t->place_mode, .place_dir_len = t->place_dir_len };
-	char reason[ERROR_MAX], found[PATH_MAX + 160] = "";
+	const char *whose = "the store recorded for it (the tree it was last loaded from, or "
+		"that the operator's last load of it found)";
+	char reason[ERROR_MAX];
 
 	snprintf(reason, sizeof(reason), "%s", why);
 	if (t->root == NULL && p != NULL && p->tree_root != NULL) {
 		kept = (struct registry_tree){ .root = p->tree_root, .uid = p->tree_uid,
 			.root_known = p->tree_ino_known, .root_dev = p->tree_dev,
 			.root_ino = p->tree_ino };
-		snprintf(found, sizeof(found), " (the store, written by a wcached before format "
-			"version 9, records none: its stored files are found in it)");
+		whose = "its stored files are found in (the store, written by a wcached before "
+			"format version 9, records none)";
 	}
 	if (p != NULL)
 		kept.kept = p->kept;
@@ -760,9 +762,8 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m,
 			t->root, t->uid);
 	else
 		log_warnx("model \"%s\": not restored: %s; loading it as a reload wcached makes by "
-			  "itself, judged against the tree %s (uid %u) that it was last loaded "
-			  "from%s%s", m->name, reason,
-			kept.root, (unsigned)kept.uid, found, kept.kept.nfiles > 0 ?
+			  "itself, judged against the tree %s (uid %u) %s%s", m->name, reason,
+			kept.root, (unsigned)kept.uid, whose, kept.kept.nfiles > 0 ?
 			" and the owners of the files it served" : "");
 	return 0;
 }

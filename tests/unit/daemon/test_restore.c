@@ -1150,7 +1150,8 @@ test_a_model_not_restored_keeps_the_owner_of_its_file(void **state)
 	assert_int_equal(stat(f->file, &st), 0);
 	log = restore_with_stage(f, FS_STAGE_YES);
 	assert_int_equal(f->result, RESTORE_JUDGED);
-	assert_non_null(strstr(log, ") that it was last loaded from and the owners of the files "
+	assert_non_null(strstr(log, ") the store recorded for it (the tree it was last loaded "
+		"from, or that the operator's last load of it found) and the owners of the files "
 		"it served"));
 	assert_non_null(e = registry_find(&f->t.reg, "m"));
 	assert_string_equal(e->operator_tree.root, dir);
@@ -1225,8 +1226,8 @@ test_a_version_8_model_not_restored_is_judged_by_its_stored_file(void **state)
 	log = restore_checked(f);
 	assert_int_equal(f->result, RESTORE_JUDGED);
 	assert_non_null(strstr(log, "written in place since it was stored"));
-	assert_non_null(strstr(log, "(the store, written by a wcached before format version 9, "
-		"records none: its stored files are found in it)"));
+	assert_non_null(strstr(log, ") its stored files are found in (the store, written by a "
+		"wcached before format version 9, records none)"));
 	assert_non_null(e = registry_find(&f->t.reg, "m"));
 	assert_string_equal(e->operator_tree.root, dir);
 	assert_true(e->operator_tree.root_known);
