@@ -1045,6 +1045,51 @@ test_holds_of_a_count_only_description(void **state)
 	registry_release(&f->t.reg, h[2], 1003);
 }
 
+/* m's description as a version 8 store's: no tree recorded. */
+static void
+no_tree(struct fixture *f)
+{
+	struct fdstore_model *m = &f->s->desc->models[0];
+
+	free(m->tree.root);
+	free(m->tree.place);
+	m->tree = (struct fdstore_tree){ .root = NULL };
+}
+
+/*
+ * m's description as a version 8 store's (no tree recorded), and m's
+ * stored file written (it grows by a byte: its check fails) and removed:
+ * the file called name in its directory, made of the bytes of m's file
+ * (copy) or of three bytes, renamed over it.
+ */
+static void
+written_and_replaced(struct fixture *f, const char *name, int copy)
+{
+	char *dir = path_dir(f->file), *other, buf[65536];
+	int in, out, fd;
+	ssize_t n;
+
+	assert_non_null(dir);
+	other = tu_write(dir, name, "abc", 3);
+	if (copy) {
+		in = open(f->file, O_RDONLY | O_CLOEXEC);
+		out = open(other, O_WRONLY | O_TRUNC | O_CLOEXEC);
+		assert_true(in >= 0 && out >= 0);
+		while ((n = read(in, buf, sizeof(buf))) > 0)
+			assert_int_equal(write(out, buf, (size_t)n), n);
+		close(in);
+		close(out);
+	}
+	no_tree(f);
+	fd = open(f->file, O_WRONLY | O_APPEND | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, "x", 1), 1);
+	close(fd);
+	assert_int_equal(rename(other, f->file), 0);
+	free(other);
+	free(dir);
+}
+
 /* m's description as one with no current generation (its generation
  * described as held only) and, with tree 0, no tree either (a store from
  * a wcached before format version 9). */
@@ -1055,11 +1100,8 @@ no_current(struct fixture *f, int tree)
 
 	for (uint32_t k = 0; k < m->ngenerations; k++)
 		m->generations[k].role = FDSTORE_HELD;
-	if (tree)
-		return;
-	free(m->tree.root);
-	free(m->tree.place);
-	m->tree = (struct fdstore_tree){ .root = NULL };
+	if (!tree)
+		no_tree(f);
 }
 
 /*
@@ -1194,17 +1236,6 @@ loaded_anew(struct du *t, void *arg)
 	return e != NULL && e->current != NULL && e->current->number >= 2;
 }
 
-/* m's description as a version 8 store's: no tree recorded. */
-static void
-no_tree(struct fixture *f)
-{
-	struct fdstore_model *m = &f->s->desc->models[0];
-
-	free(m->tree.root);
-	free(m->tree.place);
-	m->tree = (struct fdstore_tree){ .root = NULL };
-}
-
 /*
  * Review rev206 M1: a store written before format version 9 records no
  * tree; the upgrade's restart of a model whose check failed (its file's
@@ -1220,7 +1251,6 @@ test_a_version_8_model_not_restored_is_judged_by_its_stored_file(void **state)
 	char *log, *dir = path_dir(f->file);
 
 	assert_non_null(dir);
-
 	no_tree(f);
 	assert_int_equal(chmod(f->file, 0640), 0);
 	log = restore_checked(f);
@@ -1249,26 +1279,9 @@ static void
 test_the_operators_reload_during_the_check_runs_once_it_waits(void **state)
 {
 	struct fixture *f = *state;
-	char *log, *dir = path_dir(f->file), *other, buf[65536];
-	int in, out, fd;
-	ssize_t n;
+	char *log;
 
-	assert_non_null(dir);
-	other = path_join(dir, "other.tmp");
-	assert_non_null(other);
-	in = open(f->file, O_RDONLY | O_CLOEXEC);
-	out = open(other, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	assert_true(in >= 0 && out >= 0);
-	while ((n = read(in, buf, sizeof(buf))) > 0)
-		assert_int_equal(write(out, buf, (size_t)n), n);
-	close(in);
-	close(out);
-	no_tree(f);
-	fd = open(f->file, O_WRONLY | O_APPEND | O_CLOEXEC);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, "x", 1), 1);
-	close(fd);
-	assert_int_equal(rename(other, f->file), 0);
+	written_and_replaced(f, "other.tmp", 1);
 	du_log_start(&f->t);
 	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
 		f), 1);
@@ -1282,8 +1295,6 @@ test_the_operators_reload_during_the_check_runs_once_it_waits(void **state)
 	assert_non_null(strstr(log, "records no tree to judge it against"));
 	assert_non_null(strstr(log, "model \"m\": generation 2 from "));
 	free(log);
-	free(other);
-	free(dir);
 }
 
 /* ... and one whose stored file was written (it grew) and removed
@@ -1293,25 +1304,15 @@ static void
 test_a_version_8_model_whose_file_was_replaced_waits(void **state)
 {
 	struct fixture *f = *state;
-	char *log, *dir = path_dir(f->file), *other;
-	int fd;
+	char *log;
 
-	assert_non_null(dir);
-	other = tu_write(dir, "other.tmp", "abc", 3);
-	no_tree(f);
-	fd = open(f->file, O_WRONLY | O_APPEND | O_CLOEXEC);
-	assert_true(fd >= 0);
-	assert_int_equal(write(fd, "x", 1), 1);
-	close(fd);
-	assert_int_equal(rename(other, f->file), 0);
+	written_and_replaced(f, "other.tmp", 0);
 	log = restore_checked(f);
 	assert_int_equal(f->result, RESTORE_WAITS);
 	assert_non_null(strstr(log, "records no tree to judge it against"));
 	assert_null(strstr(log, "; loading"));
 	assert_true(registry_find(&f->t.reg, "m")->refused_tree);
 	free(log);
-	free(other);
-	free(dir);
 }
 
 int
