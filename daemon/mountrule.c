@@ -21,15 +21,14 @@
 
 #define MOUNTINFO "/proc/self/mountinfo"
 
-/* tree_mounts' dev_ok: whether a file on dev may be opened, told from the
- * mount table (no filesystem asked). A device no mount has (btrfs gives
- * its subvolumes their own) is local; FUSE's is always listed. */
+/* Whether a file on dev may be opened, from r, what the mount table said
+ * of dev (fs: its filesystem, where r is 0): 0, or -errno with why naming
+ * the mount or what kept the table from telling. A device no mount has
+ * (btrfs gives its subvolumes their own) is local; FUSE's is always
+ * listed. */
 static int
-dev_ok(dev_t dev, char *why, size_t len)
+dev_verdict(int r, dev_t dev, const struct fs_info *fs, char *why, size_t len)
 {
-	struct fs_info fs;
-	int r = fstype_of_dev(MOUNTINFO, dev, &fs);
-
 	if (r == -ENOENT)
 		return 0;
 	if (r < 0) {
@@ -37,12 +36,34 @@ dev_ok(dev_t dev, char *why, size_t len)
 			major(dev), minor(dev), MOUNTINFO, strerror(-r));
 		return r;
 	}
-	if (fs.remote) {
-		snprintf(why, len, "%s (device %u:%u, a mount of its own)", fs.name, major(dev),
+	if (fs->remote) {
+		snprintf(why, len, "%s (device %u:%u, a mount of its own)", fs->name, major(dev),
 			minor(dev));
 		return -EXDEV;
 	}
 	return 0;
+}
+
+/* tree_mounts' dev_ok: dev_verdict, told from the mount table (no
+ * filesystem asked). */
+static int
+dev_ok(dev_t dev, char *why, size_t len)
+{
+	struct fs_info fs;
+
+	return dev_verdict(fstype_of_dev(MOUNTINFO, dev, &fs), dev, &fs, why, len);
+}
+
+/* A listing's mount table (shards_name_rule's run): read at its first
+ * mounted name, again only when the kernel says the mounts changed (or
+ * once for a device it does not list), not once per mounted name: a
+ * neighbour's N mounts in a shared model directory made one listing N
+ * whole reads of an N-line table (review rev208 M3). */
+static void
+name_run_end(void *run)
+{
+	fstype_table_free(run);
+	free(run);
 }
 
 /* shards_name_rule: a name in a directory model's directory dfd counts as
@@ -50,22 +71,32 @@ dev_ok(dev_t dev, char *why, size_t len)
  * is the opener's to judge: tree_mounts). statx(2) with AT_SYMLINK_NOFOLLOW
  * and AT_STATX_DONT_SYNC asks no server (a mount on the name shows its own
  * device); a name statx cannot see is left to the load's open, which says
- * why. */
+ * why. The mount is told from the listing's table (*run, made here). */
 static int
-name_rule(int dfd, const char *name, char *why, size_t len)
+name_rule(void **run, int dfd, const char *name, char *why, size_t len)
 {
+	struct fs_table *t = *run;
+	struct fs_info fs;
 	struct statx sx;
 	struct stat dir;
-	char fs[128];
+	char on[128];
 	dev_t dev;
+	int r;
 
 	if (fstat(dfd, &dir) == -1 ||
 		statx(dfd, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC,
 			STATX_TYPE, &sx) == -1)
 		return 0;
 	dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-	if (dev != dir.st_dev && dev_ok(dev, fs, sizeof(fs)) < 0) {
-		snprintf(why, len, "%s is mounted on it", fs);
+	if (dev == dir.st_dev)
+		return 0;
+	if (t == NULL && (t = malloc(sizeof(*t))) != NULL) {
+		*t = (struct fs_table)FS_TABLE_INIT(MOUNTINFO);
+		*run = t;
+	}
+	r = t != NULL ? fstype_table_find(t, dev, &fs) : -ENOMEM;
+	if (dev_verdict(r, dev, &fs, on, sizeof(on)) < 0) {
+		snprintf(why, len, "%s is mounted on it", on);
 		return -EXDEV;
 	}
 	return 0;
@@ -326,10 +357,11 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 }
 
 static const struct tree_mounts rule = { dev_ok };
+static const struct shards_name_rule names = { name_rule, name_run_end };
 
 void
 mountrule_install(void)
 {
 	tree_mounts = &rule;
-	shards_name_rule = name_rule;
+	shards_name_rule = &names;
 }

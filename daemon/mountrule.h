@@ -83,7 +83,8 @@ int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, 
 	size_t len);
 
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
- * rule. Once, at start. */
+ * rule (the name rule's run: the listing's mount table, a struct fs_table
+ * read once per listing, review rev208 M3). Once, at start. */
 void mountrule_install(void);
 
 #endif

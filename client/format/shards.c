@@ -740,7 +740,7 @@ list_names(char *dst, size_t cap, const struct names *n)
 	return dst;
 }
 
-int (*shards_name_rule)(int dfd, const char *name, char *why, size_t len);
+const struct shards_name_rule *shards_name_rule;
 
 int
 shards_find_model(const char *dir, char **path, bool *is_index)
@@ -748,6 +748,7 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 	struct names idx = { 0 }, st = { 0 };
 	char *found, list[600], why[160], skipped[512] = "";
 	struct dirent *e;
+	void *run = NULL;
 	DIR *d;
 	int rc;
 
@@ -757,7 +758,7 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 	while ((e = readdir(d)) != NULL) {
 		if ((file_has_suffix(e->d_name, INDEX_SUFFIX) ||
 			    file_has_suffix(e->d_name, SHARD_SUFFIX)) && shards_name_rule != NULL &&
-			shards_name_rule(dirfd(d), e->d_name, why, sizeof(why)) < 0) {
+			shards_name_rule->judge(&run, dirfd(d), e->d_name, why, sizeof(why)) < 0) {
 			if (skipped[0] == '\0')
 				snprintf(skipped, sizeof(skipped), " (%s not taken: %s)", e->d_name,
 					why);
@@ -804,6 +805,8 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 nomem:
 	rc = error_set(-ENOMEM, "%s: out of memory", dir);
 out:
+	if (run != NULL)
+		shards_name_rule->end(run);
 	closedir(d);
 	names_free(&idx);
 	names_free(&st);

@@ -56,12 +56,19 @@ int shards_find_model(const char *dir, char **path, bool *is_index);
 
 /*
  * wcached's say on a model file's name that shards_find_model finds in a
- * directory (NULL, libwcache's: every name counts): rule(dfd, name, why,
- * len) with dfd the directory, 0 when the name counts, or -errno with why
- * (one line) when it is no file of the model (a mount on it, another
+ * directory (NULL, libwcache's: every name counts): judge(run, dfd, name,
+ * why, len) with dfd the directory, 0 when the name counts, or -errno with
+ * why (one line) when it is no file of the model (a mount on it, another
  * owner's: review rev202 H1). A name not taken is named in the message
- * when no model is found.
+ * when no model is found. *run is the listing's, NULL at its start, for
+ * what judge keeps from one name to the next (wcached's: the mount table,
+ * read once per listing, review rev208 M3); end(run) is called once the
+ * listing is done when judge left *run set.
  */
-extern int (*shards_name_rule)(int dfd, const char *name, char *why, size_t len);
+struct shards_name_rule {
+	int (*judge)(void **run, int dfd, const char *name, char *why, size_t len);
+	void (*end)(void *run);
+};
+extern const struct shards_name_rule *shards_name_rule;
 
 #endif

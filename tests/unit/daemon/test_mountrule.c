@@ -4,7 +4,9 @@
  * "..", chains, loops, missing names, a name that is no directory), each
  * name looked up from the descriptor of the directory before it, alone
  * and in a run of walks (one mount table, a directory walked to once);
- * a run's crossings of mounts in a mount namespace of the test's own. The
+ * a run's crossings of mounts in a mount namespace of the test's own, and
+ * a directory model's listing of many mounted names reading the mount
+ * table once (review rev208 M3). The
  * refusal of a user's FUSE mount is tested with real mounts
  * (tests/integration/test_load_neighbour_paths.py: root and /dev/fuse).
  */
@@ -14,6 +16,7 @@
 #include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
+#include "format/shards.h"
 #include "mountrule.h"
 
 static char dir[] = "/tmp/test_mountrule.XXXXXX";
@@ -339,12 +343,91 @@ test_run_across_mounts(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+#define NAMES 8
+
+/* wcached's name rule (mountrule_install), its listing's table's reads
+ * kept by its end (names_reads), and how many listings ended. */
+static const struct shards_name_rule *wcached_rule;
+static unsigned names_reads;
+static int names_runs;
+
+static int
+names_judge(void **r, int dfd, const char *name, char *why, size_t len)
+{
+	return wcached_rule->judge(r, dfd, name, why, len);
+}
+
+static void
+names_end(void *r)
+{
+	names_reads = ((struct fs_table *)r)->reads; /* mountrule.c's run */
+	names_runs++;
+	wcached_rule->end(r);
+}
+
+static const struct shards_name_rule counted = { names_judge, names_end };
+
+/*
+ * A directory model's listing (shards_find_model under wcached's name
+ * rule) in a 1777 directory where a neighbour mounted a filesystem on each
+ * of NAMES names (root, in a mount namespace of the test's own; skipped
+ * elsewhere): the mount table is read once for the listing, not once per
+ * mounted name (review rev208 M3: N of them made a listing N whole reads
+ * of an N-line table, quadratic). tmpfs is local: the names are taken,
+ * and the model is the index.
+ */
+static void
+test_listing_reads_once(void **state)
+{
+	char p[PATH_MAX], rm[PATH_MAX + 16], want[PATH_MAX], name[48];
+	char *found = NULL;
+	bool is_index = false;
+	int fd;
+
+	(void)state;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		skip();
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(chmod(dir, 01777), 0);
+	at(p, sizeof(p), "model.safetensors.index.json");
+	assert_true((fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) >= 0);
+	close(fd);
+	for (int i = 0; i < NAMES; i++) {
+		snprintf(name, sizeof(name), "b%d.safetensors", i);
+		at(p, sizeof(p), name);
+		assert_int_equal(mkdir(p, 0755), 0);
+		assert_int_equal(mount("bob", p, "tmpfs", 0, "size=4k"), 0);
+	}
+	mountrule_install();
+	wcached_rule = shards_name_rule;
+	shards_name_rule = &counted;
+	for (int listing = 1; listing <= 2; listing++) {
+		assert_int_equal(shards_find_model(dir, &found, &is_index), 0);
+		at(want, sizeof(want), "model.safetensors.index.json");
+		assert_string_equal(found, want);
+		assert_true(is_index);
+		free(found);
+		assert_int_equal(names_runs, listing);
+		assert_int_equal(names_reads, 1);
+	}
+	shards_name_rule = wcached_rule;
+	for (int i = 0; i < NAMES; i++) {
+		snprintf(name, sizeof(name), "b%d.safetensors", i);
+		at(p, sizeof(p), name);
+		assert_int_equal(umount(p), 0);
+	}
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	assert_int_equal(system(rm), 0);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_walks_as_stat),
 		cmocka_unit_test(test_run_across_mounts),
+		cmocka_unit_test(test_listing_reads_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

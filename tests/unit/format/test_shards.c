@@ -689,16 +689,31 @@ test_dir_ambiguous(void **state)
  * message lists the first 8 in order and says how many there are, and
  * only those 8 names are ever kept. */
 /* A name rule that refuses names beginning "zz": as wcached's refuses a
- * name with a remote mount on it (mountrule.c). */
+ * name with a remote mount on it (mountrule.c). Its listing's run counts
+ * the names it was asked about; its end keeps the count (zz_asked). */
+static int zz_asked;
+
 static int
-refuse_zz(int dfd, const char *name, char *why, size_t len)
+refuse_zz(void **run, int dfd, const char *name, char *why, size_t len)
 {
 	assert_true(dfd >= 0);
+	if (*run == NULL)
+		assert_non_null(*run = calloc(1, sizeof(int)));
+	++*(int *)*run;
 	if (strncmp(name, "zz", 2) != 0)
 		return 0;
 	snprintf(why, len, "fuse is mounted on it");
 	return -EXDEV;
 }
+
+static void
+zz_end(void *run)
+{
+	zz_asked = *(int *)run;
+	free(run);
+}
+
+static const struct shards_name_rule zz_rule = { refuse_zz, zz_end };
 
 /* Under shards_name_rule a name it refuses is no model file: the
  * directory's one other file is the model, and where none is left the
@@ -713,8 +728,10 @@ test_dir_name_rule(void **state)
 	write_shard(f->dir, "model.safetensors", "a,b", NULL);
 	write_text(f->dir, "zz.safetensors.index.json", "{}");
 	assert_int_equal(source_open(f->dir, &src), -EINVAL); /* bob's index taken */
-	shards_name_rule = refuse_zz;
+	shards_name_rule = &zz_rule;
+	zz_asked = 0;
 	assert_int_equal(source_open(f->dir, &src), 0);
+	assert_int_equal(zz_asked, 2); /* one run for the listing, ended */
 	assert_int_equal(src.format, FORMAT_SAFETENSORS);
 	assert_int_equal(src.nfiles, 1);
 	source_close(&src);
