@@ -267,6 +267,18 @@ test_walks_as_stat(void **state)
 
 #define SHARDS 163
 
+/* A mount namespace of the test's own (root; false elsewhere), and a new
+ * DIR made in it. */
+static bool
+own_namespace(void)
+{
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		return false;
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	return true;
+}
+
 /*
  * A run of walks across mounts, in a mount namespace of the test's own
  * (root; skipped elsewhere): 163 shards on a tmpfs of their own (a model
@@ -284,10 +296,8 @@ test_run_across_mounts(void **state)
 	int fd;
 
 	(void)state;
-	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+	if (!own_namespace())
 		skip();
-	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
-	assert_non_null(mkdtemp(dir));
 	at(p, sizeof(p), "vol");
 	assert_int_equal(mkdir(p, 0755), 0);
 	assert_int_equal(mount("vol", p, "tmpfs", 0, "size=1m"), 0);
@@ -385,10 +395,8 @@ test_listing_reads_once(void **state)
 	int fd;
 
 	(void)state;
-	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+	if (!own_namespace())
 		skip();
-	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
-	assert_non_null(mkdtemp(dir));
 	assert_int_equal(chmod(dir, 01777), 0);
 	at(p, sizeof(p), "model.safetensors.index.json");
 	assert_true((fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) >= 0);
