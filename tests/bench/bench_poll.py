@@ -13,12 +13,18 @@ layout on a tmpfs of its own (a model on a volume: each walk from "/"
 crosses its mount, daemon/mountrule.h), polled with the namespace's few
 mounts and again with 500 more (a Kubernetes node has hundreds): a poll
 judges each mount it crosses from the mount table, read once per poll.
+Then (root, unshare -m) a load of a directory model in a 1777 directory
+where a neighbour mounted a filesystem (tmpfs with a 4000-byte source, a
+long table line) on LISTING_MOUNTS of its *.safetensors names, next to
+one with 2 such names and as many mounts elsewhere: the listing reads the
+mount table once, not once per mounted name (review rev208 M3: 11 s).
 
     tests/bench/bench_poll.py --build BUILD --models DIR
 
 Targets: a remote rename seen within 2 x poll_interval with 64 models
 polled; the per-model poll cost with 64 models at most 2x that with 1; a
-poll of 163 shards with 500 more mounts at most 2x that with few.
+poll of 163 shards with 500 more mounts at most 2x that with few; a load
+of a directory with 300 mounted names at most 2x one with 2.
 """
 import argparse
 import json
@@ -39,6 +45,7 @@ from wcached import Wcached, wait_until  # noqa: E402
 POLL_FAST = "0.1"
 POLL_FLAT = 0.5
 MORE_MOUNTS = 500
+LISTING_MOUNTS = 300
 
 
 def status(b, d):
@@ -184,13 +191,77 @@ def mounts_part(b, tmp):
     return figures
 
 
+def listing_here(b, tmp):
+    """In a mount namespace of this process's own (listing_part): the
+    seconds of `wcachectl load` of a directory model whose directory has
+    2, then LISTING_MOUNTS, names with a mount on them (the rest of the
+    LISTING_MOUNTS mounts elsewhere: the same table). Each load fails (the
+    mounts are local: their names count, several files), after the
+    listing. One line of JSON last."""
+    src = "\\" * 4000
+    figures = {}
+    for label, on_names in (("few", 2), ("many", LISTING_MOUNTS)):
+        top = os.path.join(tmp, f"listing-{label}")
+        m, elsewhere = os.path.join(top, "m"), os.path.join(top, "elsewhere")
+        os.makedirs(m)
+        os.chmod(m, 0o1777)
+        os.makedirs(elsewhere)
+        mounted = []
+        for i in range(LISTING_MOUNTS):
+            d = os.path.join(m, f"b{i}.safetensors") if i < on_names else \
+                os.path.join(elsewhere, str(i))
+            os.mkdir(d)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", src, d], check=True)
+            mounted.append(d)
+        d = os.path.join(top, "daemon")
+        os.mkdir(d)
+        w = Wcached(d, {}, log_level="info", wcached=b.binary("wcached")).start()
+        try:
+            t = time.monotonic()
+            subprocess.run([b.binary("wcachectl"), "--control", w.control, "load", "m", m],
+                           capture_output=True)
+            figures[label] = time.monotonic() - t
+        finally:
+            w.stop()
+        with open("/proc/self/mountinfo") as f:
+            figures["table"] = max(figures.get("table", 0), len(f.read()))
+        for d in mounted:
+            subprocess.run(["umount", d], check=True)
+    print(json.dumps(figures))
+
+
+def listing_part(b, tmp):
+    """listing_here in a private mount namespace (unshare -m)."""
+    print(f"\n  a load of a directory model with {LISTING_MOUNTS} / 2 mounted names in its "
+          "directory")
+    if os.geteuid() != 0:
+        print("  (not root: no mount namespace of our own; skipped)")
+        return None
+    d = os.path.join(tmp, "listing")
+    os.mkdir(d)
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
+                        os.path.abspath(__file__), "--build", b.build, "--models", b.model_dir,
+                        "--listing-here", d], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"  (unshare -m failed: {p.stderr.strip()[-300:]}; skipped)")
+        return None
+    figures = json.loads(p.stdout.strip().splitlines()[-1])
+    print(f"  {2:>4} mounted names         {fmt_t(figures['few']):>9} a load")
+    print(f"  {LISTING_MOUNTS:>4} mounted names         {fmt_t(figures['many']):>9} a load")
+    ratio = figures["many"] / figures["few"]
+    b.target(f"a load with {LISTING_MOUNTS} mounted names / with 2 <= 2x", f"{ratio:.2f}x",
+             ratio <= 2)
+    return figures
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--models", default=None)
     ap.add_argument("--mounts-here", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--listing-here", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--only-mounts", action="store_true",
-                    help="only the part that polls with many mounts")
+                    help="only the parts with many mounts (a poll, a listing)")
     args = ap.parse_args()
     b = Bench(args.build, os.path.abspath(args.models or os.path.join(args.build,
                                                                          "bench-models")))
@@ -198,10 +269,14 @@ def main():
     if args.mounts_here:
         mounts_here(b, args.mounts_here)
         return
+    if args.listing_here:
+        listing_here(b, args.listing_here)
+        return
     if args.only_mounts:
         with tempfile.TemporaryDirectory(prefix="wcache-bench-poll-") as tmp:
             os.chmod(tmp, 0o755)
             mounts_part(b, tmp)
+            listing_part(b, tmp)
         for what, figure, verdict in b.targets:
             print(f"  {verdict}  {what}: {figure}")
         return
@@ -220,6 +295,7 @@ def main():
                 cost_part(b, tmp, fs)
                 flat_part(b, tmp, fs)
         mounts_part(b, tmp)
+        listing_part(b, tmp)
     for what, figure, verdict in b.targets:
         print(f"  {verdict}  {what}: {figure}")
 
