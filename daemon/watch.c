@@ -191,6 +191,7 @@ struct sync_job {
 	char *path;             /* the model's path, */
 	char *dirs[2];          /* its directory, and itself when a directory */
 	int wd[2], err[2];
+	char why[2][MOUNTRULE_WHY]; /* the walk's line where it refused dirs[k], or "" */
 	int path_err;           /* path's stat once its directory is watched */
 	struct stat path_st;
 	/* The first of its stats the walk refused (EXDEV: a user's FUSE
@@ -239,6 +240,37 @@ refused(struct sync_job *j, int err, const char *why)
 		snprintf(j->refused, sizeof(j->refused), "%s", why);
 }
 
+/*
+ * Arms j's watch of dirs[k] on the directory the walk (mountrule.h)
+ * reached: inotify_add_watch follows /proc/self/fd/N of the walk's O_PATH
+ * descriptor to that very inode and looks no name up on the way. By name
+ * it looked the path up afresh, whatever the walk said, in a neighbour's
+ * FUSE server where his link renamed over the directory led (review rev208
+ * H1). A walk refused or failed arms nothing: wd -1, err its error, why
+ * its line (EXDEV). st, where not NULL: fstat(2) of the directory once
+ * watched. 0 or the walk's (or fstat's) errno.
+ */
+static int
+arm(struct sync_job *j, int k, struct stat *st)
+{
+	char proc[sizeof("/proc/self/fd/") + 3 * sizeof(int)];
+	int fd, e;
+
+	j->why[k][0] = '\0';
+	if ((fd = mountrule_open(NULL, j->dirs[k], j->why[k], sizeof(j->why[k]))) < 0) {
+		j->err[k] = -fd;
+		if (fd != -EXDEV)
+			j->why[k][0] = '\0';
+		return -fd;
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	j->wd[k] = inotify_add_watch(j->w->fd, proc, WATCH_MASK);
+	j->err[k] = j->wd[k] == -1 ? errno : 0;
+	e = st != NULL && fstat(fd, st) == -1 ? errno : 0;
+	close(fd);
+	return e;
+}
+
 /* Work queue thread: arm the watches, then compare each generation's paths
  * with the files it opened, and stat the model's path, which sync_after
  * compares with what the generation's load (or a warm restart's check)
@@ -254,22 +286,19 @@ sync_work(struct workq_job *job)
 	char why[MOUNTRULE_WHY];
 	struct stat st;
 
-	j->wd[0] = inotify_add_watch(j->w->fd, j->dirs[0], WATCH_MASK);
-	j->err[0] = j->wd[0] == -1 ? errno : 0;
 	j->wd[1] = -1;
+	arm(j, 0, NULL);
 	j->path_err = mountrule_stat(NULL, j->path, &j->path_st, why, sizeof(why)) == -1 ? errno :
 		0;
 	refused(j, j->path_err, why);
 	if (j->path_err == 0 && S_ISDIR(j->path_st.st_mode) &&
 		(j->dirs[1] = strdup(j->path)) != NULL) {
-		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
-		j->err[1] = j->wd[1] == -1 ? errno : 0;
-		/* What is compared is the directory as it is once watched: a
-		 * change inside it between the stat above and the watch made no
-		 * event, and the stat above would not show it. */
-		j->path_err = mountrule_stat(NULL, j->path, &j->path_st, why, sizeof(why)) == -1 ?
-			errno : 0;
-		refused(j, j->path_err, why);
+		/* What is compared is the directory as it is once watched
+		 * (its descriptor's stat): a change inside it between the
+		 * stat above and the watch made no event, and the stat above
+		 * would not show it. */
+		j->path_err = arm(j, 1, &j->path_st);
+		refused(j, j->path_err, j->why[1]);
 	}
 	/* The files' paths in one run of walks (mountrule.h); the model's
 	 * path above in walks of their own, the second a look afresh. */
@@ -476,7 +505,7 @@ sync_after(struct workq_job *job, int status)
 			record_dir(w, j->dirs[k], j->wd[k]);
 		} else {
 			log_warnx("cannot watch %s for model updates: %s", j->dirs[k],
-				strerror(j->err[k]));
+				j->why[k][0] != '\0' ? j->why[k] : strerror(j->err[k]));
 		}
 	}
 	m = registry_find(w->reg, j->name);

@@ -17,7 +17,8 @@ import subprocess
 from conftest import Daemon
 from ctlutil import binary
 from test_load_neighbour_mounts import error_of
-from test_load_neighbour_paths import HangFS, one_file_team_model, stuck_or
+from test_load_neighbour_paths import (HangFS, one_file_team_model, reloads_stuck, stuck_or,
+                                       team_directory, where)
 from test_watch_pending import ready
 from test_watch_writer_neighbours import BOB
 
@@ -142,3 +143,37 @@ def test_wcached_check_whose_walk_fails_otherwise_looks_nothing_up_by_name(tmp_p
                                        stuck)
     assert all('model "m": ' in out and "ok:" not in out for out in outs.values()), outs
     assert any("Too many open files" in out for out in outs.values()), outs
+
+
+def test_a_link_over_the_models_directory_into_bobs_fuse_directory_is_not_watched(tmp_path):
+    """team/ (2775, bob a member) holds root's directory sub/ (0755) and in
+    it root's one-file model sub/model.safetensors. Bob renames sub/ away
+    (same parent: team is writable, not sticky) and his link sub ->
+    bobmnt/x in its place, bobmnt his directory with his FUSE server on it.
+    The operator's reload is refused; the watch armed again after it
+    walks sub/ first, is refused the same way, and arms nothing: before, it
+    armed sub/ by name, and the kernel's lookup of "x" in bob's server
+    waited for good (review rev208 H1)."""
+    team = team_directory(tmp_path, "sub", "model.safetensors")
+    bobmnt = team / "bobmnt"
+    bobmnt.mkdir()
+    os.chown(bobmnt, *BOB)
+    d = Daemon(tmp_path, {"m": str(team / "sub" / "model.safetensors")}).start()
+    try:
+        ready(d, "m", 1)
+        with HangFS(bobmnt, *BOB) as fs:
+            os.rename(team / "sub", team / ".sub-old")
+            bobs_link(team, "sub", "bobmnt/x")
+            stuck = stuck_or(d, lambda: False, timeout=5)  # bob's renames alone reload nothing
+            stuck = stuck or reloads_stuck(d, "m", tries=1)  # the operator's reload: refused
+            # then the watch is armed again: refused, the walk's line said
+            stuck = stuck or stuck_or(d, lambda: "cannot watch " + str(team / "sub") +
+                                      " for model updates: " in d.read_log(), timeout=60)
+            log = d.read_log()[-3000:]
+            ops = list(fs.ops)
+            stacks = where(d.proc.pid, stuck)
+        assert not stuck, ("wcached threads wait on bob's FUSE server", stuck, ops, stacks,
+                           log)
+        assert "bobmnt lies on fuse (device " in log, log
+    finally:
+        assert d.stop() == 0, d.read_log()[-3000:]

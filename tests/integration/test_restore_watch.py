@@ -15,6 +15,7 @@ after the first model's check, so the job that arms the first model's
 watch waits behind it until the filesystem is thawed."""
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -109,12 +110,19 @@ def test_a_directory_changed_between_its_stat_and_its_watch_is_seen(tmp_path):
 
     def added(path):
         """Whether strace saw inotify_add_watch(path) return (its line whole,
-        or "unfinished" then the same thread's "resumed")."""
-        pending, done = {}, set()
+        or "unfinished" then the same thread's "resumed"). wcached arms a
+        directory by its walk's descriptor N, "/proc/self/fd/N": the path
+        is the one the open (or dup) that returned N last said (strace -y)."""
+        pending, done, fds = {}, set(), {}
         for line in trace.read_text().splitlines() if trace.exists() else ():
             pid = line.split(None, 1)[0]
+            opened = re.search(r" = (\d+)<(.*)>$", line)
+            if opened:
+                fds[opened.group(1)] = opened.group(2)
             if "inotify_add_watch(" in line:
                 called = line.split('"')[1]
+                if called.startswith("/proc/self/fd/"):
+                    called = fds.get(called[len("/proc/self/fd/"):], called)
                 if "<unfinished" in line:
                     pending[pid] = called
                 elif ") = " in line:  # not a line strace is still writing
@@ -127,8 +135,9 @@ def test_a_directory_changed_between_its_stat_and_its_watch_is_seen(tmp_path):
     d.start()
     tracer = load = None
     try:
-        tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-p",
-                                   str(d.proc.pid), "-e", "trace=inotify_add_watch",
+        tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-y",
+                                   "-p", str(d.proc.pid), "-e",
+                                   "trace=inotify_add_watch,openat,openat2,fcntl",
                                    "-e", "inject=inotify_add_watch:delay_enter=10000000"])
         wait_until(lambda: all_traced(d.proc.pid), what="strace attached")
         load = subprocess.Popen([binary("wcachectl"), "load", "m", str(mdir), "--control",
