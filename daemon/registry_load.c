@@ -1056,6 +1056,62 @@ plain_names(const char *rest)
 }
 
 /*
+ * The file path names, reached by the judged walk (mountrule_open: one
+ * name at a time, nothing looked up in a user's FUSE mount) and read from
+ * the walk's descriptor, never by name: its real path (allocated, as
+ * /proc/self/fd names it), its fstat in *st and the descriptor in *fd
+ * (O_PATH; the caller closes it). NULL where the walk fails (*refused set
+ * where it refused a user's FUSE mount, -EXDEV) or the file is gone.
+ */
+static char *
+judged_place(const char *path, struct stat *st, int *fd, int *refused)
+{
+	char proc[32], real[PATH_MAX], why[8];
+	ssize_t n = -1;
+
+	if ((*fd = mountrule_open(NULL, path, why, sizeof(why))) < 0) {
+		*refused = *fd == -EXDEV;
+		return NULL;
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", *fd);
+	if (fstat(*fd, st) == 0)
+		n = readlink(proc, real, sizeof(real) - 1);
+	if (n > 0)
+		real[n] = '\0';
+	if (n <= 0 || real[0] != '/' || (st->st_nlink == 0 && strstr(real, " (deleted)"))) {
+		close(*fd);
+		*fd = -1;
+		return NULL;
+	}
+	return strdup(real);
+}
+
+/*
+ * The text of the link name (one name, no '/') in the directory dir (an
+ * O_PATH descriptor of the judged walk's) into text (size bytes, ended),
+ * read from the link's own descriptor: opened with no link followed and no
+ * mount crossed (a mount on name is no link, and its server is not
+ * asked); its length, or -1 where name is no link or cannot be read.
+ */
+static ssize_t
+link_text_at(int dir, const char *name, char *text, size_t size)
+{
+	int fd = tree_openat2(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC,
+		RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS);
+	ssize_t n = -1;
+
+	if (fd >= 0) {
+		n = readlinkat(fd, "", text, size - 1);
+		close(fd);
+	} else if (errno == ENOSYS) { /* no openat2: the name looked up in dir */
+		n = readlinkat(dir, name, text, size - 1);
+	}
+	if (n > 0)
+		text[n] = '\0';
+	return n > 0 ? n : -1;
+}
+
+/*
  * The place path names when it does not resolve (allocated): the real path
  * of the deepest directory above it that resolves, whose owner goes in
  * *owner, its mode in *mode and its path's length in *dir_len, joined
@@ -1069,6 +1125,15 @@ plain_names(const char *rest)
  * as configured, its own entry (review rev204 H1: else that load records
  * nothing to judge by, and a config reload's retry of it is the
  * operator's load). NULL when it cannot be told.
+ *
+ * Each directory is reached by the judged walk and read from its
+ * descriptor (judged_place, link_text_at), never by name: this runs after
+ * a walk that failed, where a neighbour's FUSE mount absent then may be
+ * back (review rev208 H3: a stat(2) by name of his mount held the thread,
+ * GETATTR waiting for an INIT never answered). A directory the walk
+ * refuses (a user's FUSE mount on it or above it) ends the search: the
+ * place is then the path's as configured where its own directory was
+ * reached, else none (nothing to judge by).
  */
 static char *
 place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
@@ -1077,37 +1142,39 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 	char *spelled = NULL;
 	struct stat spelled_st = { 0 };
 	size_t spelled_len = 0;
+	int refused = 0;
 
-	for (int links = 0; p != NULL && place == NULL && links <= 40; links++) {
-		char *head = strdup(p), *slash, *real = NULL, *rest = NULL, *at = NULL;
+	for (int links = 0; p != NULL && place == NULL && !refused && links <= 40; links++) {
+		char *head = strdup(p), *slash, *real = NULL, *rest = NULL, *name = NULL;
 		char *next = NULL, text[PATH_MAX];
 		struct stat st;
-		ssize_t n = -1;
+		int dir = -1;
 
-		while (head != NULL && real == NULL && (slash = strrchr(head, '/')) != NULL) {
+		while (head != NULL && real == NULL && !refused &&
+			(slash = strrchr(head, '/')) != NULL) {
 			*slash = '\0';
-			real = realpath(slash == head ? "/" : head, NULL);
+			real = judged_place(slash == head ? "/" : head, &st, &dir, &refused);
 		}
-		if (real != NULL && stat(real, &st) == 0)
+		if (real != NULL)
 			rest = plain_names(p + strlen(head) + 1);
-		if (rest != NULL &&
-			asprintf(&at, "%s/%.*s", real, (int)strcspn(rest, "/"), rest) < 0)
-			at = NULL;
-		if (links == 0 && at != NULL && (spelled = path_join(real, rest)) != NULL) {
+		if (rest != NULL)
+			name = strndup(rest, strcspn(rest, "/"));
+		if (links == 0 && name != NULL && (spelled = path_join(real, rest)) != NULL) {
 			spelled_st = st;
 			spelled_len = strlen(real);
 		}
-		if (at != NULL && (n = readlink(at, text, sizeof(text) - 1)) > 0) {
-			text[n] = '\0';
+		if (name != NULL && link_text_at(dir, name, text, sizeof(text)) > 0) {
 			if (asprintf(&next, "%s/%s%s", text[0] == '/' ? "" : real, text,
 				    rest + strcspn(rest, "/")) < 0)
 				next = NULL;
-		} else if (at != NULL && (place = path_join(real, rest)) != NULL) {
+		} else if (name != NULL && (place = path_join(real, rest)) != NULL) {
 			*owner = st.st_uid;
 			*mode = st.st_mode;
 			*dir_len = strlen(real);
 		}
-		free(at);
+		if (dir >= 0)
+			close(dir);
+		free(name);
 		free(rest);
 		free(real);
 		free(head);

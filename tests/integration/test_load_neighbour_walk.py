@@ -10,9 +10,13 @@ directory (2775, bob a member), bob's FUSE file bob-evil beside it (HangFS:
 INIT answered, nothing else); the tests skip, saying why, without root or
 /dev/fuse.
 """
+import ctypes
 import os
+import random
 import resource
 import subprocess
+import threading
+import time
 
 from conftest import Daemon
 from ctlutil import binary
@@ -176,4 +180,57 @@ def test_a_link_over_the_models_directory_into_bobs_fuse_directory_is_not_watche
                            log)
         assert "bobmnt lies on fuse (device " in log, log
     finally:
+        assert d.stop() == 0, d.read_log()[-3000:]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+MNT_DETACH = 2
+
+
+def test_the_operators_reload_after_a_walk_that_missed_bobs_mount_asks_it_nothing(tmp_path):
+    """Bob's link model.safetensors -> bobmnt/x (bobmnt his directory in
+    team/), and a loop of his: mount a FUSE server that never answers INIT
+    on bobmnt (as fusermount3 would for him), wait 0-2 ms, unmount it
+    (again while a walk holds it busy: not detached lazily, whose moment
+    between the walk's statx and its read of the mount table is review
+    rev208 H2, still open). An operator's reload whose walk finds
+    bobmnt bare fails (ENOENT) and looks for the place the path names
+    (place_of): it looked by name (realpath, stat, readlink) and met his
+    mount back by then, GETATTR waiting for good (review rev208 H3: the
+    first reload of 400 was held). Now that look is the judged walk too,
+    and reads what it needs from the walk's descriptors."""
+    team, _ = one_file_team_model(tmp_path)
+    bobmnt = team / "bobmnt"
+    bobmnt.mkdir()
+    os.chown(bobmnt, *BOB)
+    d = Daemon(tmp_path, {"m": str(team / "model.safetensors")}).start()
+    fds, stop = [], threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+            fds.append(fd)  # kept: a request pending on it waits (no INIT answered)
+            opts = f"fd={fd},rootmode=040755,user_id={BOB[0]},group_id={BOB[1]},allow_other"
+            if _libc.mount(b"hang", str(bobmnt).encode(), b"fuse.hang", 0, opts.encode()) != 0:
+                continue
+            time.sleep(random.random() * 0.002)
+            while _libc.umount2(str(bobmnt).encode(), 0) != 0 and not stop.is_set():
+                time.sleep(0.001)  # busy: a walk holds it (and then judges it)
+            if len(fds) > 2000:  # the oldest, surely not the one a walk holds
+                os.close(fds.pop(0))
+
+    t = threading.Thread(target=churn, daemon=True)
+    try:
+        ready(d, "m", 1)
+        bobs_link(team, "model.safetensors", "bobmnt/x")
+        t.start()
+        stuck = reloads_stuck(d, "m", tries=400)
+        stacks = where(d.proc.pid, stuck) if stuck else []
+        assert not stuck, ("a wcached thread waits on bob's FUSE mount", stuck, stacks)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+        _libc.umount2(str(bobmnt).encode(), MNT_DETACH)
+        for fd in fds:
+            os.close(fd)
         assert d.stop() == 0, d.read_log()[-3000:]
