@@ -64,13 +64,13 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * why set (one line naming the path, the name on the mount, the mount and
  * the reason) where a user's FUSE mount is met; else -errno as open(2)
  * would fail, or the walk's own (above; a mount table that cannot be
- * read). The load, --check, the poll, the watch's stat and the restore
+ * read). The load, --check, the poll, the watch (its arming and its
+ * stat), an operator's load's look at the place (place_of) and the restore
  * checks take any error as the answer and look the path up by name no
  * further: what the walk did not reach it did not judge (review rev207
- * H2); an operator's load's place_of still does after a failed walk
- * (README, "Not yet safe", review rev208 H3). A device the mount table
- * does not list counts as local (rev208 H2). w: the run it is part
- * of, or NULL for a walk of its own.
+ * H2, rev208 H1, H3). A device the mount table does not list counts as
+ * local (README, "Not yet safe", rev208 H2). w: the run it is part of,
+ * or NULL for a walk of its own.
  * mountrule_stat: stat(2) of path, by the walk and fstat(2) of that very
  * file (no second walk a link could be renamed into): 0, or -1 and errno
  * (EXDEV for a user's FUSE mount, why set; why may be NULL, len 0).
