@@ -567,7 +567,7 @@ registry_keep_tree(struct registry *r, const char *name, const struct registry_t
 	m->operator_tree.kept = kept;
 	/* Files a generation served whose owners the restart could not tell
 	 * (a place is the operator's load's record: no files served there). */
-	m->operator_tree.owners_untold = n == 0 && place == NULL;
+	m->operator_tree.owners_untold = n == 0 && place == NULL ? OWNERS_UNTOLD_RESTART : 0;
 	m->operator_tree.root = root;
 	m->operator_tree.place = place;
 	m->operator_tree.uid = t->uid;

@@ -93,6 +93,10 @@ enum reload_kind {
 	RELOAD_OPERATOR = 2, /* `wcachectl reload NAME` (registry_reload) */
 };
 
+/* model_entry's operator_tree.owners_untold: why a reload wcached makes
+ * by itself cannot tell whose a model's files were (0: it can). */
+enum { OWNERS_UNTOLD_RESTART = 1, OWNERS_UNTOLD_FAILED_LOAD = 2 };
+
 struct model_entry {
 	char *name;
 	char *path;
@@ -237,7 +241,10 @@ struct model_entry {
 		 * and identities, for the judge a watched reload of that
 		 * generation would have kept (registry_load.c's keep_tree);
 		 * owners_untold: the restart recorded a tree but could not
-		 * tell whose its files were. An operator's load clears them. */
+		 * tell whose its files were (OWNERS_UNTOLD_RESTART), or the
+		 * operator's load found a tree but failed, so nothing served
+		 * it (OWNERS_UNTOLD_FAILED_LOAD, review rev209 H1); 0 else.
+		 * An operator's load clears them. */
 		struct registry_kept_files kept;
 		int owners_untold;
 	} operator_tree;

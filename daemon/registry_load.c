@@ -147,10 +147,11 @@ struct load_request {
 	int index_fd;
 	/* A watched reload of a model that nothing serves, judged against
 	 * the tree a warm restart recorded for the generation it stored,
-	 * whose files' owners the restart could not tell (model_entry's
-	 * operator_tree owners_untold): taken only where no one but the
-	 * owner of the directory holding its files may write in it
-	 * (same_tree, review rev206 H1). */
+	 * whose files' owners the restart could not tell, or the tree an
+	 * operator's failed load found (model_entry's operator_tree
+	 * owners_untold, its OWNERS_UNTOLD_ value): taken only where no one
+	 * but the owner of the directory holding its files may write in it
+	 * (same_tree, reviews rev206 H1, rev209 H1). */
 	int owners_untold;
 	const uint8_t *index;
 	size_t index_size;
@@ -998,10 +999,16 @@ same_tree(struct load_request *q)
 	else if ((same = owners_told(q)) == 0)
 		snprintf(q->message, sizeof(q->message), "its files (of %s) lie in the tree %s, "
 			"in a directory others than its owner may write in (or one that could not "
-			"be told), and the warm restart could not tell whose the files it served "
-			"before were (none was stored, or a staged copy): anyone there may have "
-			"put these at its path, so they are served only after " OPERATORS_WORD,
-			owners_said(&q->source, NULL, owners, sizeof(owners)), q->root, q->name);
+			"be told), and %s: anyone there may have put these at its path, so they "
+			"are served only after " OPERATORS_WORD,
+			owners_said(&q->source, NULL, owners, sizeof(owners)), q->root,
+			q->owners_untold == OWNERS_UNTOLD_FAILED_LOAD ?
+				"nothing served it since the operator's load of it failed, so "
+				"whose its files were is not known" :
+				"the warm restart could not tell whose the files it served "
+				"before were (none was stored: if the file descriptor store had "
+				"no room for its generation's descriptors, raise "
+				"FileDescriptorStoreMax= in the unit; or a staged copy)", q->name);
 	else if ((same = same_file_owner(q)) == 0)
 		snprintf(q->message, sizeof(q->message), "its path %s names a file now owned by "
 			"uid %u (was uid %u): a file made again by another user is served only "
@@ -2219,7 +2226,11 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	m->operator_tree.place_dir_len = q->found_place_dir_len;
 	m->operator_tree.root_known = 0; /* a warm restart's record is superseded */
 	registry_kept_clear(&m->operator_tree.kept);
-	m->operator_tree.owners_untold = 0;
+	/* A tree found (not a place) with nothing serving: the load found
+	 * files there but failed, and whose they were tells nothing of
+	 * whose a later file at its path is (review rev209 H1). */
+	m->operator_tree.owners_untold = q->found_root != NULL && q->found_place == NULL &&
+		m->current == NULL ? OWNERS_UNTOLD_FAILED_LOAD : 0;
 	q->found_root = NULL;
 	q->found_place = NULL;
 }

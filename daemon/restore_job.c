@@ -1008,7 +1008,9 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	else if (!s->status_taken)
 		return judged_load(r, m, path, pin, warm, "the stored status page was not usable");
 	else if (g == NULL)
-		return judged_load(r, m, path, pin, warm, "no current generation was stored");
+		return judged_load(r, m, path, pin, warm, "no current generation was stored "
+			"(none served it, or the file descriptor store had no room for its "
+			"descriptors: raise FileDescriptorStoreMax= in the unit)");
 	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0) {
 		char why[ERROR_MAX];
 

@@ -846,7 +846,10 @@ log_left_out(const char *left_out)
 		log_warnx("warm restart: the file descriptor store holds at most %zu "
 			  "descriptors (FileDescriptorStoreMax=), the status page and the "
 			  "description among them, and a model at most %u generations; not "
-			  "stored: %s; a restart loads them afresh or does not restore them",
+			  "stored: %s; a restart loads them afresh or does not restore them (a "
+			  "model left out whole waits for `wcachectl reload NAME` where others "
+			  "than its owner may write in the directory holding its files: raise "
+			  "FileDescriptorStoreMax= in the unit)",
 			restore_store_max(), FDSTORE_MAX_GENERATIONS, left_out);
 }
 

@@ -26,7 +26,7 @@ import pytest
 from conftest import Daemon, as_user, mkmodel, wait_until
 from ctlutil import ctl, model_entry
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
-from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID,
+from test_tree_places import (ALICE_UID, BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID,
                               after_a_warm_restart, alice_v2_beside_bobs_model, as_alice, as_bob,
                               made_by, roots_private_model, served, sharded_model, warm_restart)
 from test_warm_restart import ready, start
@@ -790,3 +790,88 @@ def test_a_loop_link_at_a_cold_start_on_a_polled_remote_place_is_not_served_by_a
             assert r.returncode == 1, r
         finally:
             assert d.stop() == 0, d.read_log()
+
+
+def alices_broken_file(directory):
+    """alice's one-file model m.safetensors in directory, its header
+    broken (a half-uploaded file: not JSON), and bob's model file b.tmp
+    beside it: the path."""
+    m = os.path.join(directory, "m.safetensors")
+    with open(m, "wb") as f:
+        f.write(b"\x08\x00\x00\x00\x00\x00\x00\x00not json" + b"\0" * 64)
+    os.chown(m, ALICE_UID, GROUP)
+    mkmodel(os.path.join(directory, "b.tmp"), layers=3, seed=2)
+    os.chown(os.path.join(directory, "b.tmp"), BOB_UID, GROUP)
+    return m
+
+
+ALICE_LOADED_OR_WAITS = (r'model "alice": (generation \d+ from|its files .* lie in'
+                         r'|its path .* named nothing|.*wcachectl reload alice)')
+
+
+def test_a_neighbours_file_at_the_name_of_a_model_whose_load_failed_waits(tmp_path):
+    """alice's one-file model straight in a sticky place (1777, root's:
+    its tree) fails its first load (her file is broken); she removes it to
+    redeploy and bob renames his file at its name. Nothing serves alice,
+    and whose her broken file was tells nothing of whose a later one is:
+    wcached's own (watched) reload waits for `wcachectl reload alice`.
+    Before, it kept the tree's root and owner only and served bob's file
+    as alice's generation 1 (review rev209 H1)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    m = alices_broken_file(shared)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": .*not served', timeout=60)
+        as_alice("rm m.safetensors", shared)
+        as_bob("mv b.tmp m.safetensors", shared)
+        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+        assert os.stat(m).st_uid == BOB_UID
+        assert "nothing served it since the operator's load of it failed" in line, \
+            d.read_log()
+        assert "served only after the operator's `wcachectl reload alice`" in line, line
+        assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")
+        r = ctl(d, "reload", "alice")   # the operator's word: bob's file is what she serves
+        assert r.returncode == 0, r.stderr
+        d.wait_for_log(r'model "alice": generation 1 from', timeout=60)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_neighbours_file_at_the_name_of_a_model_not_there_at_its_load_waits(tmp_path):
+    """Control for the test above: alice's file is not there at all when
+    wcached starts (the operator's load records a place, not a tree); bob's
+    file renamed at its name waits as the first comer's (at_place)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    m = os.path.join(shared, "m.safetensors")
+    mkmodel(os.path.join(shared, "b.tmp"), layers=3, seed=2)
+    os.chown(os.path.join(shared, "b.tmp"), BOB_UID, GROUP)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": .*not served', timeout=60)
+        as_bob("mv b.tmp m.safetensors", shared)
+        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+        assert "served only after the operator's `wcachectl reload alice`" in line, \
+            d.read_log()
+        assert not re.search(r'model "alice": generation \d+ from', d.read_log())
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_model_whose_load_failed_fixed_in_its_owners_directory_loads(tmp_path):
+    """alice's broken model file in her own directory (0755: no one else
+    may write there) fails its load; the good file she renames over it is
+    loaded by wcached's own reload, with no operator's word: only she
+    could have put it there."""
+    home = made_by(tmp_path / "alice", ALICE_UID, 0o755)
+    m = alices_broken_file(home)
+    mkmodel(os.path.join(home, "good.tmp"), seed=1)
+    os.chown(os.path.join(home, "good.tmp"), ALICE_UID, GROUP)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": .*not served', timeout=60)
+        as_alice("mv good.tmp m.safetensors", home)
+        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+        assert re.search(r'model "alice": generation 1 from', line), d.read_log()
+        wait_until(lambda: ready(d, "alice"), what="alice ready")
+    finally:
+        assert d.stop() == 0, d.read_log()

@@ -151,8 +151,8 @@ def warm_restart_waits(d, mgr):
     path names."""
     start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
     _, line = d.wait_for_log(r'model "llama": (generation \d+ from|not restored|not in the file)')
-    assert re.search(r"not restored: no current generation was stored; loading it as a reload "
-                     r"wcached makes by itself, judged against the (tree|place) ", line), line
+    assert re.search(r"not restored: no current generation was stored \(.*\); loading it as a "
+                     r"reload wcached makes by itself, judged against the (tree|place) ", line), line
     _, line = d.wait_for_log(r'model "llama": (generation \d+ from|its path .*'
                              r'wcachectl reload llama)')
     assert "served only after the operator's `wcachectl reload llama`" in line, line
@@ -211,8 +211,8 @@ def test_a_model_nothing_serves_in_a_private_place_loads_at_a_warm_restart(tmp_p
         made_by(llama, 0)
         mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
         start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, WCACHED_GID))
-        d.wait_for_log(r'model "llama": not restored: no current generation was stored; '
-                       r'loading')
+        d.wait_for_log(r'model "llama": not restored: no current generation was stored '
+                       r'\(.*\); loading')
         wait_until(lambda: ready(d, "llama"), what="llama ready")
         assert "waits_for_reload" not in model_entry(d, "llama")
 
@@ -271,7 +271,7 @@ def test_the_operators_reload_while_a_restart_judges_the_path_is_not_lost(tmp_pa
             assert "already in progress" in r.stdout + r.stderr, r
         finally:
             fs.thaw()
-        d.wait_for_log(r'model "llama": not restored: no current generation was stored; ')
+        d.wait_for_log(r'model "llama": not restored: no current generation was stored \(')
         d.wait_for_log(r'model "llama": generation \d+ from .*: 1 file, 275384 bytes')
 
 
@@ -360,3 +360,36 @@ def test_a_neighbours_file_at_a_one_file_models_name_while_wcached_runs_waits(tm
         assert 'model "alice": generation 2' not in d.read_log()
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_model_the_store_had_no_room_for_waits_at_a_restart_and_says_why(tmp_path):
+    """alice's one-file model straight in a sticky place, a store with no
+    room for its generation (FileDescriptorStoreMax= of 2: the status page
+    and the description), nothing changed while wcached restarts: with no
+    descriptor to tell whose the file it served was, the restart's judged
+    load waits for `wcachectl reload alice` (fail closed), and its lines
+    name the store's room as the cause and the remedy, as the stop's
+    warning does. Before, they named only neighbours (review rev209 M1)."""
+    def stored_without_its_generation(d, mgr):
+        alice_stored(d, mgr)
+        _, line = d.wait_for_log(r'not stored: models left out whole: "alice"', timeout=60)
+        assert re.search(r'; .*waits for `wcachectl reload NAME` .*raise '
+                         r'FileDescriptorStoreMax= in the unit', line), line
+
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    d, mgr = restart_with(tmp_path, {"alice": m}, stored_without_its_generation, lambda: None,
+                          max_fds=2)
+    try:
+        _, line = d.wait_for_log(r'model "alice": not restored', timeout=60)
+        assert "the file descriptor store had no room for its descriptors: raise " \
+            "FileDescriptorStoreMax= in the unit" in line, line
+        _, line = d.wait_for_log(r'model "alice": (generation \d+ from|its files .* lie in'
+                                 r'|.*wcachectl reload alice)', timeout=60)
+        assert "if the file descriptor store had no room for its generation's descriptors, " \
+            "raise FileDescriptorStoreMax= in the unit" in line, line
+        assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")
+        assert os.stat(m).st_uid == ALICE_UID
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()

@@ -227,8 +227,9 @@ def restarts_as_described(d, mgr, names, left):
     log = d.read_log()
     for x in names:
         if x in left:
-            assert f'model "{x}": not restored: no current generation was stored; loading' \
-                in log, log
+            assert f'model "{x}": not restored: no current generation was stored (none ' \
+                'served it, or the file descriptor store had no room for its descriptors: ' \
+                'raise FileDescriptorStoreMax= in the unit); loading' in log, log
             assert generation(d, x) == 2
         else:
             assert f'model "{x}": generation 1 restored from the file descriptor store' \

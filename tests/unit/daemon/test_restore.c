@@ -1104,6 +1104,12 @@ no_current(struct fixture *f, int tree)
 		no_tree(f);
 }
 
+/* restore_model's line for a model described with no current generation
+ * (review rev209 M1: it names the store's room and the remedy). */
+#define NO_CURRENT_STORED "model \"m\": not restored: no current generation was stored " \
+	"(none served it, or the file descriptor store had no room for its descriptors: " \
+	"raise FileDescriptorStoreMax= in the unit)"
+
 /*
  * Review rev204 H3: a model described with no current generation (its
  * load had failed, its generation was gone from its server) is no cold
@@ -1128,9 +1134,8 @@ test_no_current_generation_is_judged_against_its_tree(void **state)
 	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
 		f), RESTORE_MODEL_JUDGED);
 	log = du_log_stop(&f->t);
-	assert_non_null(strstr(log, "model \"m\": not restored: no current generation was "
-		"stored; loading it as a reload wcached makes by itself, judged against the "
-		"tree "));
+	assert_non_null(strstr(log, NO_CURRENT_STORED "; loading it as a reload wcached makes by "
+		"itself, judged against the tree "));
 	assert_non_null(e = registry_find(&f->t.reg, "m"));
 	assert_null(e->current);
 	assert_string_equal(e->operator_tree.root, dir);
@@ -1161,8 +1166,8 @@ test_no_current_generation_and_no_tree_waits(void **state)
 	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
 		f), RESTORE_MODEL_WAITS);
 	log = du_log_stop(&f->t);
-	assert_non_null(strstr(log, "model \"m\": not restored: no current generation was "
-		"stored; the file descriptor store records no tree to judge it against"));
+	assert_non_null(strstr(log, NO_CURRENT_STORED "; the file descriptor store records no "
+		"tree to judge it against"));
 	assert_non_null(strstr(log, "served only after the operator's `wcachectl reload m`"));
 	assert_null(strstr(log, "; loading"));
 	assert_true(registry_find(&f->t.reg, "m")->refused_tree);
