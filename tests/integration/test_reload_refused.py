@@ -809,6 +809,21 @@ ALICE_LOADED_OR_WAITS = (r'model "alice": (generation \d+ from|its files .* lie 
                          r'|its path .* named nothing|.*wcachectl reload alice)')
 
 
+@contextlib.contextmanager
+def moved_after_a_failed_load(tmp_path, m, moves):
+    """wcached (unprivileged) with alice's model at m, whose load fails;
+    moves() run then: yields (d, the line that says whether wcached's own
+    reload loaded what m names then or waits for the operator)."""
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": .*not served', timeout=60)
+        moves()
+        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+        yield d, line
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_a_neighbours_file_at_the_name_of_a_model_whose_load_failed_waits(tmp_path):
     """alice's one-file model straight in a sticky place (1777, root's:
     its tree) fails its first load (her file is broken); she removes it to
@@ -819,12 +834,9 @@ def test_a_neighbours_file_at_the_name_of_a_model_whose_load_failed_waits(tmp_pa
     as alice's generation 1 (review rev209 H1)."""
     shared = made_by(tmp_path / "shared", 0, 0o1777)
     m = alices_broken_file(shared)
-    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "alice": .*not served', timeout=60)
-        as_alice("rm m.safetensors", shared)
-        as_bob("mv b.tmp m.safetensors", shared)
-        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+    with moved_after_a_failed_load(tmp_path, m, lambda: (
+            as_alice("rm m.safetensors", shared),
+            as_bob("mv b.tmp m.safetensors", shared))) as (d, line):
         assert os.stat(m).st_uid == BOB_UID
         assert "nothing served it since the operator's load of it failed" in line, \
             d.read_log()
@@ -833,8 +845,6 @@ def test_a_neighbours_file_at_the_name_of_a_model_whose_load_failed_waits(tmp_pa
         r = ctl(d, "reload", "alice")   # the operator's word: bob's file is what she serves
         assert r.returncode == 0, r.stderr
         d.wait_for_log(r'model "alice": generation 1 from', timeout=60)
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_a_neighbours_file_at_the_name_of_a_model_not_there_at_its_load_waits(tmp_path):
@@ -845,16 +855,11 @@ def test_a_neighbours_file_at_the_name_of_a_model_not_there_at_its_load_waits(tm
     m = os.path.join(shared, "m.safetensors")
     mkmodel(os.path.join(shared, "b.tmp"), layers=3, seed=2)
     os.chown(os.path.join(shared, "b.tmp"), BOB_UID, GROUP)
-    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "alice": .*not served', timeout=60)
-        as_bob("mv b.tmp m.safetensors", shared)
-        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+    with moved_after_a_failed_load(tmp_path, m,
+                                   lambda: as_bob("mv b.tmp m.safetensors", shared)) as (d, line):
         assert "served only after the operator's `wcachectl reload alice`" in line, \
             d.read_log()
         assert not re.search(r'model "alice": generation \d+ from', d.read_log())
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_a_model_whose_load_failed_fixed_in_its_owners_directory_loads(tmp_path):
@@ -866,12 +871,7 @@ def test_a_model_whose_load_failed_fixed_in_its_owners_directory_loads(tmp_path)
     m = alices_broken_file(home)
     mkmodel(os.path.join(home, "good.tmp"), seed=1)
     os.chown(os.path.join(home, "good.tmp"), ALICE_UID, GROUP)
-    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "alice": .*not served', timeout=60)
-        as_alice("mv good.tmp m.safetensors", home)
-        _, line = d.wait_for_log(ALICE_LOADED_OR_WAITS, timeout=60)
+    with moved_after_a_failed_load(tmp_path, m,
+                                   lambda: as_alice("mv good.tmp m.safetensors", home)) as (d, line):
         assert re.search(r'model "alice": generation 1 from', line), d.read_log()
         wait_until(lambda: ready(d, "alice"), what="alice ready")
-    finally:
-        assert d.stop() == 0, d.read_log()
