@@ -147,6 +147,9 @@ struct generation {
 	int source_replaced;        /* on a remote filesystem, not staged, and its files
 				       were replaced by another host (watch.c): pages
 				       not in memory may be unreadable */
+	uint64_t replaced_at_errors; /* its model's load_errors when source_replaced
+				       was set: a failed load since is the
+				       replacement's (watch_poll.c) */
 	/* The server no longer has its files (gen_mark_gone): the refusal
 	 * new attaches get, naming why and what to do; NULL otherwise. */
 	char *gone;

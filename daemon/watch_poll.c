@@ -175,6 +175,7 @@ mark_sources_replaced(struct registry *r, const struct model_entry *m)
 	for (struct generation *g = r->generations; g != NULL; g = g->next)
 		if (g->model == m && g->origin == NULL && g->fs.remote && !g->source_replaced) {
 			g->source_replaced = 1;
+			g->replaced_at_errors = m->load_errors;
 			log_warnx("model \"%s\": generation %" PRIu64 ": its files on %s were "
 				  "replaced by another host and were not staged: pages of them "
 				  "not in memory here may be unreadable (a worker that touches "
@@ -414,8 +415,12 @@ poll_after(struct workq_job *work, int status)
 		/* Looked up again: judge may have asked for a reload, and
 		 * collected generations. */
 		m = registry_find(w->reg, j->name);
+		/* Only once the replacement failed to load: before, the reload
+		 * the change asked may still come (a change waits for a second
+		 * poll to agree), and the line would say it failed. */
 		if (checked != NULL && m != NULL && m->entry_id == j->entry_id &&
-			m->current == checked && m->pending == NULL && m->loading == 0)
+			m->current == checked && m->pending == NULL && m->loading == 0 &&
+			m->load_errors > checked->replaced_at_errors)
 			check_served(w, checked, j);
 	}
 	job_free(j);
