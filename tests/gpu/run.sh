@@ -86,11 +86,11 @@ export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
 step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
-	local label t0 rc limit left pid logs tails=() cap=$step_timeout
+	local label t0 rc limit left pid logs tick tails=() cap=$step_timeout
 	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
 	label=$1
 	shift
-	t0=$(date +%s)
+	t0=$EPOCHSECONDS
 	# What the whole run has left (RUN_BUDGET), so that a hung step
 	# leaves the time for the report: the device call's own limit
 	# would otherwise kill the run before it printed anything.
@@ -112,6 +112,7 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	logs=$(mktemp -d "${TMPDIR:-/tmp}/wcache-step.XXXXXX") || return 1
 	: >"$logs/out"
 	: >"$logs/err" # there before tail opens them, whichever starts first
+	mkfifo "$logs/tick" || { rm -rf "$logs"; return 1; } # the watch's pause (below), made before the traps
 	set +e
 	# A background step gets no SIGINT from the terminal, and timeout
 	# runs it in a process group of its own: interrupted, we end it (timeout
@@ -128,23 +129,33 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	tails+=($!)
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
 	tails+=($!)
+	# The watch runs no command in the foreground (builtins only: the
+	# clock from EPOCHSECONDS, the pause a read that times out on a FIFO
+	# we hold both ends of): a SIGINT that reaches bash while it waits for
+	# a foreground command that then exits normally (a sleep) is taken as
+	# handled by that command, and bash drops it, trap and all (1 in about
+	# 100 SIGINTs lost so beside 2 busy loops on 2 cores: the step left
+	# running, the run going on; the read builtin runs the trap at once).
+	exec {tick}<>"$logs/tick"
 	while kill -0 "$pid" 2>/dev/null; do
-		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
+		if [ $((EPOCHSECONDS - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
 			trap - INT TERM
 			wait "${tails[@]}"
+			exec {tick}<&-
 			rm -rf "$logs"
 			set -e
 			echo "== $label: ABANDONED after $((limit + 8))s: killed, a process of it did not end (left running)" >&2
 			return 137
 		fi
-		sleep 0.2
+		read -r -t 0.2 -u "$tick" _
 	done
 	wait "$pid"
 	rc=$?
 	trap - INT TERM
 	wait "${tails[@]}" # they end once pid has, having copied the rest
+	exec {tick}<&-
 	rm -rf "$logs"
 	set -e
 	if [ $rc -ne 0 ]; then
@@ -152,7 +163,7 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 			echo "== $label: FAILED (exit $rc)" >&2
 		return $rc
 	fi
-	echo "== $label: $(($(date +%s) - t0)) s" >&2
+	echo "== $label: $((EPOCHSECONDS - t0)) s" >&2
 }
 
 failed=()
