@@ -25,6 +25,7 @@
 #include "base/error.h"
 #include "base/path.h"
 #include "closer.h"
+#include "diracl.h"
 #include "format/tree.h"
 #include "generation.h"
 #include "log.h"
@@ -411,7 +412,7 @@ found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 {
 	struct stat st;
 
-	if (t->dir >= 0 && fstat(t->dir, &st) == 0) {
+	if (t->dir >= 0 && diracl_fstat(t->dir, &st) == 0) {
 		found->dir_known = 1;
 		found->dir_dev = st.st_dev;
 		found->dir_ino = st.st_ino;

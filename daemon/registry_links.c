@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "diracl.h"
 #include "registry_internal.h"
 
 /* How the walk opens a directory it goes up to (".."): never a link. */
@@ -103,7 +104,7 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 
 	if (w->nhops == REGISTRY_LINK_HOPS || w->nlinks == REGISTRY_WALK_SEEN)
 		return -ELOOP;
-	if (fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
+	if (diracl_fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
 		return -errno;
 	if (n == PATH_MAX)
 		return -ENAMETOOLONG;
@@ -135,7 +136,7 @@ take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *wh
 
 	if (judge == NULL)
 		return 0;
-	if (fstat(dir, &ds) != 0)
+	if (diracl_fstat(dir, &ds) != 0)
 		return -errno;
 	seen.path = spell(path, sizeof(path), where, name);
 	seen.target = "";
@@ -172,7 +173,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 		while (*p == '/')
 			p++;
 		if (*p == '\0') { /* the path ends at the directory reached */
-			if (fstat(dir, &w->end) != 0)
+			if (diracl_fstat(dir, &w->end) != 0)
 				err = -errno;
 			w->end_dir = w->end;
 			break;
@@ -236,7 +237,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			continue;
 		}
 		w->end = st; /* the path's last entry, in dir */
-		if (fstat(dir, &w->end_dir) != 0)
+		if (diracl_fstat(dir, &w->end_dir) != 0)
 			err = -errno;
 		else if (S_ISDIR(st.st_mode))
 			err = take_dir(w, &st, dir, where, name, judge, arg);
@@ -244,7 +245,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 		break;
 	}
 	/* Where it stopped: the directory it could not go on from. */
-	if (err != 0 && dir >= 0 && fstat(dir, &w->stop_dir) == 0) {
+	if (err != 0 && dir >= 0 && diracl_fstat(dir, &w->stop_dir) == 0) {
 		w->stopped = 1;
 		snprintf(w->stop_where, sizeof(w->stop_where), "%s",
 			where[0] != '\0' ? where : ".");

@@ -40,6 +40,7 @@
 #include "base/file.h"
 #include "base/path.h"
 #include "closer.h"
+#include "diracl.h"
 #include "format/shards.h"
 #include "format/tree.h"
 #include "log.h"
@@ -901,7 +902,10 @@ renamed_in(const struct load_request *q)
 		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
 		return 0;
 	dir = path_dir(q->root);
-	open = dir == NULL || stat(dir, &up) != 0 || others_rename_in(&up);
+	open = dir == NULL || stat(dir, &up) != 0;
+	if (!open)
+		diracl_fold(-1, dir, &up);
+	open = open || others_rename_in(&up);
 	free(dir);
 	return open;
 }
@@ -1081,7 +1085,7 @@ judged_place(const char *path, struct stat *st, int *fd, int *refused)
 		return NULL;
 	}
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", *fd);
-	if (fstat(*fd, st) == 0)
+	if (diracl_fstat(*fd, st) == 0)
 		n = readlink(proc, real, sizeof(real) - 1);
 	if (n > 0)
 		real[n] = '\0';
@@ -3299,8 +3303,11 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 	 * directories above it as spelled too. */
 	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
 		struct stat st;
+		int found = stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
 
-		if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && others_rename_in(&st))
+		if (found)
+			diracl_fold(-1, dir, &st);
+		if (found && others_rename_in(&st))
 			say_place(&p, dir, &st);
 		up = dir[0] != '\0' && strcmp(dir, "/") != 0 && !p.found ? path_dir(dir) : NULL;
 		free(dir);

@@ -8,8 +8,8 @@
  * progress) and $JOURNAL_STREAM (log.c). A hostile container runtime, a
  * FUSE mount point of odd bytes or a future kernel can make them weird.
  *
- * Input: a byte whose low four bits, modulo 10, pick the parser (seeds
- * begin with an ASCII digit: '0' is 0x30), then the file's content:
+ * Input: a byte whose low four bits, modulo 11, pick the parser (seeds
+ * begin with an ASCII digit: '0' is 0x30, ':' 0x3a), then the file's content:
  *   0 /proc/self/cgroup          memlimit_parse_cgroups()
  *   1 /proc/self/mountinfo       memlimit_parse_mounts(), both hierarchies
  *                                found (in cgroup "/")
@@ -27,6 +27,8 @@
  *   8 /proc/self/io              ctl_convert_io_wchar()
  *   9 $JOURNAL_STREAM's value    log_journal_stream_parse(), and
  *                                decimal_u64() of the whole
+ *  10 a directory's              diracl_named_write(), for two owners
+ *     system.posix_acl_access
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a cgroup, mountinfo or limit file given whole and given line by line,
@@ -71,7 +73,12 @@
  *     the device and inode, else -EINVAL, both untouched;
  *   - decimal_u64() (the parser under both): such digits are a value; else
  *     -ERANGE when the digits before the first other byte pass 2^64 - 1,
- *     -EINVAL otherwise, *out untouched.
+ *     -EINVAL otherwise, *out untouched;
+ *   - an ACL value: 1 unless it is a little-endian 2, then whole 8-byte
+ *     entries (tag, permissions: 2 bytes each; id: 4); then 1 where an
+ *     entry of tag 8 (a named group), or of tag 2 (a named user) whose id
+ *     is not the owner's, has the write bit (2) and the last entry of tag
+ *     0x10 (the mask), if any, has it too; else 0.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -86,6 +93,7 @@
 #include "base/decimal.h"
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "diracl.h"
 #include "fdstore.h"
 #include "fstype.h"
 #include "log.h"
@@ -842,6 +850,39 @@ check_decimal(const char *text, size_t len)
 		CHECK(r == (k > 0 && !oracle_u64(text, k, &want) ? -ERANGE : -EINVAL) && v == 7);
 }
 
+/* This file's own reading of an ACL value (the oracle), for owner. */
+static int
+oracle_acl(const uint8_t *b, size_t len, uint32_t owner)
+{
+	int named = 0, masked = 0, mask_w = 0;
+
+	if (len < 4 || (len - 4) % 8 != 0 ||
+		(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24) != 2)
+		return 1;
+	for (size_t at = 4; at < len; at += 8) {
+		unsigned tag = b[at] | b[at + 1] << 8, perm = b[at + 2] | b[at + 3] << 8;
+		uint32_t id = b[at + 4] | b[at + 5] << 8 | b[at + 6] << 16 |
+			(uint32_t)b[at + 7] << 24;
+
+		if (tag == 0x10) {
+			masked = 1;
+			mask_w = (perm & 2) != 0;
+		} else if ((perm & 2) != 0 && (tag == 8 || (tag == 2 && id != owner))) {
+			named = 1;
+		}
+	}
+	return named && (!masked || mask_w);
+}
+
+static void
+check_acl(const char *text, size_t len)
+{
+	const uint8_t *b = (const uint8_t *)text;
+
+	CHECK(diracl_named_write(b, len, 1000) == oracle_acl(b, len, 1000));
+	CHECK(diracl_named_write(b, len, 0) == oracle_acl(b, len, 0));
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -851,7 +892,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	len = size - 1;
-	switch ((data[0] & 15) % 10) {
+	switch ((data[0] & 15) % 11) {
 	case 0:
 		check_cgroups(text, len);
 		break;
@@ -881,6 +922,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 8:
 		check_io(text, len);
+		break;
+	case 10:
+		check_acl(text, len);
 		break;
 	default:
 		check_journal_stream(text, len);

@@ -452,10 +452,11 @@ def roots_private_model(directory, sharded=False):
     return str(directory)
 
 
-def generation_1_waits(d, name, refusal):
+def generation_1_waits(d, name, refusal, head="its path"):
     """The watched reload waits for the operator's with one line matching
-    refusal; generation 1 is still what an attach gets."""
-    _, line = d.wait_for_log(r'model "%s": (its path|generation 2 is current)' % name)
+    refusal (which begins with head); generation 1 is still what an attach
+    gets."""
+    _, line = d.wait_for_log(r'model "%s": (%s|generation 2 is current)' % (name, head))
     assert 'model "%s": generation 2' % name not in d.read_log(), d.read_log()
     assert re.search(refusal, line), line
     assert "wcachectl reload %s" % name in line and "generation 1 still serving" in line, line
@@ -696,6 +697,19 @@ def private_group_user():
     return None
 
 
+def private_group_home(tmp_path):
+    """(uid, gid, home): a user of private_group_user's, and her directory
+    tmp_path/alice, 0775 and of her private group; skips the test where
+    the user database has no such user."""
+    found = private_group_user()
+    if found is None:
+        pytest.skip("no user with a private group in this user database")
+    uid, gid = found
+    home = made_by(tmp_path / "alice", uid, 0o775)
+    os.chown(home, uid, gid)
+    return uid, gid, home
+
+
 def test_owners_own_swap_in_her_private_group_0775_dir_loads(tmp_path):
     """L1 (legit flow). A user's own directory, 0775 with her private group
     (the user-private-group scheme: umask 002 on RHEL/Fedora, Debian's
@@ -705,14 +719,8 @@ def test_owners_own_swap_in_her_private_group_0775_dir_loads(tmp_path):
     holds no one else is no place others may rename in. (A group the user
     database does not know is not taken as private: this file's bob holds
     such a gid.)"""
-    import pytest
     from ctlutil import as_user
-    found = private_group_user()
-    if found is None:
-        pytest.skip("no user with a private group in this user database")
-    uid, gid = found
-    home = made_by(tmp_path / "alice", uid, 0o775)
-    os.chown(home, uid, gid)
+    uid, gid, home = private_group_home(tmp_path)
     for name, seed in (("llama", 1), ("llama.new", 3)):
         dd = made_by(os.path.join(home, name), uid, 0o775)
         os.chown(dd, uid, gid)
@@ -728,6 +736,45 @@ def test_owners_own_swap_in_her_private_group_0775_dir_loads(tmp_path):
         _, line = d.wait_for_log(r'model "llama": (its path|generation 2 from)', timeout=60)
         assert "generation 2 from" in line, \
             "the owner's own update in her own directory waits:\n" + d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_file_renamed_over_hers_by_a_user_her_acl_lets_write_waits(tmp_path):
+    """Review rev201 M1. A user's own directory, 0775 with her private
+    group, which `setfacl -m u:bob:rwx` shares with bob: the mode's group
+    bits show only the ACL's mask, and the directory counted as one no one
+    but her may write in. Her one-file model m.safetensors, and beside it
+    her private model (0640, wcached's group: bob may not read it). bob
+    renames her private file over m.safetensors (a rename needs no right
+    on the file): the same owner's file, taken by wcached's own reload as
+    her generation 2. It waits for the operator's reload: a directory whose
+    ACL lets a named user write counts as one all may write in (the ACL is
+    set with setxattr, as setfacl writes it: 8-byte entries after a
+    version 2 header)."""
+    import struct
+    uid, gid, home = private_group_home(tmp_path)
+    entries = [(0x01, 7, 0xffffffff), (0x02, 7, BOB_UID), (0x04, 5, 0xffffffff),
+               (0x10, 7, 0xffffffff), (0x20, 5, 0xffffffff)]
+    try:
+        os.setxattr(home, "system.posix_acl_access", struct.pack("<I", 2) +
+                    b"".join(struct.pack("<HHI", *e) for e in entries))
+    except OSError as e:
+        pytest.skip(f"no ACLs here: {e}")
+    m = mkmodel(os.path.join(home, "m.safetensors"), seed=1)
+    os.chown(m, uid, gid)
+    priv = mkmodel(os.path.join(home, "priv.safetensors"), layers=3, seed=2)
+    os.chown(priv, uid, WCACHED_GID)
+    os.chmod(priv, 0o640)
+    r = subprocess.run(as_user(BOB_UID, GROUP) + ["cat", priv], capture_output=True)
+    assert r.returncode != 0, "bob may read her private model"
+    d = Daemon(tmp_path, {"m": m}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "m": generation 1 warm')
+        as_bob("mv priv.safetensors m.safetensors", home)
+        generation_1_waits(d, "m", r"its file %s is not one of the files serving .* in a "
+                           r"directory others than its owner \(uid %d, mode 0777\) may rename "
+                           r"entries in" % (re.escape(m), uid), head="its file")
     finally:
         assert d.stop() == 0, d.read_log()
 
