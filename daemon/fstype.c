@@ -269,28 +269,60 @@ fstype_mounts_add(struct fs_mounts *t, const char *text, size_t len)
 	return err;
 }
 
+/* The mount table open at fd (not closed), read whole (at most
+ * FS_MOUNTINFO_MAX) and parsed into *out: 0, or -errno reading it, or
+ * -ENOMEM; *out untouched on failure. Both readers' (fstype_mounts_read,
+ * table_read): the kernel makes the file's text at the reads, so it is
+ * read to its end and parsed once. */
+static int
+mounts_read_fd(int fd, struct fs_mounts *out)
+{
+	struct fs_mounts m = { 0 };
+	size_t len = 0, cap = 0;
+	char *buf = NULL;
+	ssize_t n = 1;
+	int err = 0;
+
+	while (n > 0) {
+		if (len == cap) {
+			char *more = cap < FS_MOUNTINFO_MAX ?
+				realloc(buf, cap ? cap * 2 : 65536) : NULL;
+
+			if (more == NULL) {
+				err = -ENOMEM;
+				break;
+			}
+			buf = more;
+			cap = cap ? cap * 2 : 65536;
+		}
+		while ((n = read(fd, buf + len, cap - len)) == -1 && errno == EINTR)
+			;
+		if (n < 0)
+			err = -errno;
+		else
+			len += (size_t)n;
+	}
+	if (err == 0)
+		err = fstype_mounts_add(&m, buf, len);
+	free(buf);
+	if (err < 0) {
+		fstype_mounts_free(&m);
+		return err;
+	}
+	*out = m;
+	return 0;
+}
+
 int
 fstype_mounts_read(const char *mountinfo, struct fs_mounts *out)
 {
-	FILE *f = fopen(mountinfo, "re");
-	struct fs_mounts t = { 0 };
-	size_t linecap = 0;
-	char *line = NULL;
-	ssize_t n;
-	int err = 0;
+	int fd = open(mountinfo, O_RDONLY | O_CLOEXEC), err;
 
-	if (f == NULL)
+	if (fd == -1)
 		return -errno;
-	while (err == 0 && (n = getline(&line, &linecap, f)) != -1)
-		err = fstype_mounts_add(&t, line, (size_t)n);
-	free(line);
-	fclose(f);
-	if (err < 0) {
-		fstype_mounts_free(&t);
-		return err;
-	}
-	*out = t;
-	return 0;
+	err = mounts_read_fd(fd, out);
+	close(fd);
+	return err;
 }
 
 int
@@ -350,40 +382,15 @@ table_changed(int fd)
 static int
 table_read(struct fs_table *t)
 {
-	struct fs_mounts m = { 0 };
-	size_t len = 0, cap = 0;
-	char *buf = NULL;
-	ssize_t n = 1;
-	int fd, err = 0;
+	struct fs_mounts m;
+	int err;
 
 	if (t->fd >= 0)
 		close(t->fd);
-	if ((t->fd = fd = open(t->mountinfo, O_RDONLY | O_CLOEXEC)) == -1)
+	if ((t->fd = open(t->mountinfo, O_RDONLY | O_CLOEXEC)) == -1)
 		return errno == ENOENT ? -EIO : -errno;
-	while (n > 0) {
-		if (len == cap) {
-			char *more = cap < (64u << 20) ? realloc(buf, cap ? cap * 2 : 65536) : NULL;
-
-			if (more == NULL) {
-				err = -ENOMEM;
-				break;
-			}
-			buf = more;
-			cap = cap ? cap * 2 : 65536;
-		}
-		while ((n = read(fd, buf + len, cap - len)) == -1 && errno == EINTR)
-			;
-		if (n < 0)
-			err = -errno;
-		else
-			len += (size_t)n;
-	}
-	if (err == 0)
-		err = fstype_mounts_add(&m, buf, len);
-	free(buf);
-	if (err < 0) {
-		fstype_mounts_free(&m);
-		close(fd);
+	if ((err = mounts_read_fd(t->fd, &m)) < 0) {
+		close(t->fd);
 		t->fd = -1;
 		return err;
 	}

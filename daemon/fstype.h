@@ -68,9 +68,14 @@ struct fs_mounts {
 };
 
 /* Reads mountinfo into *out, which then owns what it holds (freed by
- * fstype_mounts_free). 0, or -errno opening it, or -ENOMEM; *out is
- * untouched on failure. Asks no filesystem, as fstype_of_dev(). */
+ * fstype_mounts_free). 0, or -errno opening or reading it, or -ENOMEM (a
+ * table over FS_MOUNTINFO_MAX too); *out is untouched on failure. Asks no
+ * filesystem, as fstype_of_dev(). */
 int fstype_mounts_read(const char *mountinfo, struct fs_mounts *out);
+/* The most of a mount table read (every reader's): 64 MiB, some 200,000
+ * mounts' lines; a namespace with more is refused, not read into memory
+ * without end. */
+#define FS_MOUNTINFO_MAX ((size_t)64 << 20)
 
 /* Adds to t the mounts of the mountinfo lines in text, len bytes, not
  * terminated (a NUL ends its line early, as it ends a C string): what

@@ -494,6 +494,27 @@ test_table_of_a_file(void **state)
 	fstype_table_free(&t);
 }
 
+/* Both readers of a table stop at FS_MOUNTINFO_MAX: a file past it (a
+ * sparse one, zeros) is -ENOMEM, not read into memory without end (the
+ * run's table always stopped there; fstype_mounts_read read on). */
+static void
+test_table_over_the_cap(void **state)
+{
+	const char *path = mountinfo("30 1 259:2 / / rw - ext4 /dev/nvme0n1p2 rw\n");
+	struct fs_table t = FS_TABLE_INIT(path);
+	struct fs_mounts m = { .n = 7 };
+	struct fs_info fs;
+
+	(void)state;
+	assert_int_equal(truncate(path, (off_t)FS_MOUNTINFO_MAX + 1), 0);
+	assert_int_equal(fstype_mounts_read(path, &m), -ENOMEM);
+	assert_int_equal(m.n, 7);
+	assert_int_equal(fstype_table_find(&t, makedev(259, 2), &fs), -ENOMEM);
+	assert_int_equal(t.fd, -1);
+	fstype_table_free(&t);
+	unlink(path);
+}
+
 /*
  * The run's table of this process's own mount table is read again once a
  * mount changed it, though the device asked about is listed: a tmpfs
@@ -549,6 +570,7 @@ main(void)
 		cmocka_unit_test(test_failed_statfs_asks_the_mount_table),
 		cmocka_unit_test(test_table_of_a_file),
 		cmocka_unit_test(test_table_read_again_after_a_mount),
+		cmocka_unit_test(test_table_over_the_cap),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
