@@ -28,6 +28,7 @@
 #include "base/path.h"
 #include "fdstore.h"
 #include "format/index.h"
+#include "format/tree.h"
 #include "generation.h"
 #include "mountrule.h"
 #include "proto/memfds.h"
@@ -541,38 +542,190 @@ restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char
 	p->kept = k;
 }
 
+/* The real path of fd (an O_PATH descriptor of the judged walk's) as
+ * /proc/self/fd names it, allocated; NULL. */
+static char *
+walked_path(int fd)
+{
+	char buf[PATH_MAX];
+
+	return fd_path(fd, buf, sizeof(buf)) == 0 && buf[0] == '/' ? strdup(buf) : NULL;
+}
+
+/* The directory path, reached by the judged walk in the run w (nothing
+ * looked up in a user's FUSE mount) at that very path (path is canonical:
+ * a link followed on the way leads elsewhere), its fstat in *st: 0, or -1. */
+static int
+judged_dir(struct mountrule_walk *w, const char *path, struct stat *st)
+{
+	char why[8], *real;
+	int fd = mountrule_open(w, path, why, sizeof(why)), same;
+
+	if (fd < 0)
+		return -1;
+	real = walked_path(fd);
+	same = real != NULL && strcmp(real, path) == 0 && fstat(fd, st) == 0 &&
+		S_ISDIR(st->st_mode);
+	free(real);
+	close(fd);
+	return same ? 0 : -1;
+}
+
 /*
- * Where the staged copy p->fds[0] was copied from, if the model's path
- * still leads to that very file (the device and inode the description
- * records for its origin): the path of the file the path names, or of
- * the one of the copy's name in the directory it names, allocated; NULL
- * when neither is the origin (or it was not recorded: version 3).
+ * The tree of the model file at the real path file (gen_tree_root's: the
+ * root tree_split gives its directory, widened to a hub repo models--X
+ * for its blobs/ where the repo's owner owns blobs/ too), each directory
+ * reached by the judged walk in the run w, never by name (review rev210
+ * H1): the root (allocated) and its owner in *uid, its fstat in *st; NULL.
  */
 static char *
-copy_origin(const struct restore_prepared *p, const char *path)
+judged_tree_root(struct mountrule_walk *w, const char *file, uid_t *uid, struct stat *st)
 {
-	const struct fdstore_file *f = &p->g->files[0];
-	char buf[PATH_MAX], *real = realpath(path, NULL), *dir = NULL, *at = NULL;
-	const char *name;
-	struct stat st;
+	char *dir = path_dir(file), *root = NULL, *sub = NULL, *up;
+	const char *name, *repo;
+	struct stat top;
 
-	if (real == NULL || (f->origin_dev == 0 && f->origin_ino == 0) ||
-		stat(real, &st) != 0 || fd_path(p->fds[0], buf, sizeof(buf)) < 0 ||
-		(name = strrchr(buf, '/')) == NULL) {
-		free(real);
+	if (dir == NULL || tree_split(dir[0] != '\0' ? dir : "/", &root, &sub) < 0) {
+		free(dir);
+		return NULL; /* tree_split failed: it freed both */
+	}
+	free(dir);
+	free(sub);
+	if (judged_dir(w, root, st) < 0) {
+		free(root);
 		return NULL;
 	}
+	*uid = st->st_uid;
+	name = strrchr(root, '/');
+	if (name == NULL || strcmp(name, "/blobs") != 0 || (up = path_dir(root)) == NULL)
+		return root;
+	repo = strrchr(up, '/');
+	if (repo != NULL && strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0' &&
+		judged_dir(w, up, &top) == 0 && top.st_uid == st->st_uid) {
+		free(root);
+		*st = top;
+		return up;
+	}
+	free(up);
+	return root;
+}
+
+/*
+ * The file the model's path leads to in place of p's stored file 0: the
+ * path itself for a model that is one .safetensors file, else the file of
+ * its stored index's name in the directory the path names (the path, or
+ * the shard index's directory), as check_file names it; allocated, NULL
+ * with p->tree_why set.
+ */
+static char *
+stored_file_name(struct restore_prepared *p, struct mountrule_walk *w, const char *path)
+{
+	const struct fdstore_generation *g = p->g;
+	char why[MOUNTRULE_WHY], *dir, *at = NULL;
+	struct index_header h;
+	const char *fname;
+	void *map = NULL;
+	uint64_t size;
+	struct stat st;
+
+	if (file_has_suffix(path, ".safetensors"))
+		return strdup(path);
+	if (mountrule_stat(w, path, &st, why, sizeof(why)) == -1) {
+		snprintf(p->tree_why, sizeof(p->tree_why), "%s", errno == EXDEV ? why :
+			strerror(errno));
+		return NULL;
+	}
+	if (restore_check_index(p->index_fd, g->index_fdname, g->index_size, g->nfiles, &h,
+		    &map) < 0 || index_file_at(map, &h, 0, &fname, &size) < 0 ||
+		strchr(fname, '/') != NULL) {
+		snprintf(p->tree_why, sizeof(p->tree_why), "its stored index names no file");
+	} else if ((dir = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path)) != NULL) {
+		at = path_join(dir, fname);
+		free(dir);
+	}
+	if (map != NULL)
+		munmap(map, (size_t)g->index_size);
+	return at;
+}
+
+/*
+ * Where p's stored file 0 (not a copy) is, if the model's path, walked
+ * in the run w, still leads to that very file (its device and inode): its
+ * real path (allocated); else NULL with p->tree_why saying why. A file no
+ * longer there tells no tree: anyone who may rename entries in its
+ * directory may have put it anywhere he may write, in his own directory
+ * under his own FUSE mount too (review rev210 H1).
+ */
+static char *
+stored_file_at_path(struct restore_prepared *p, struct mountrule_walk *w, const char *path)
+{
+	char why[MOUNTRULE_WHY], *at = stored_file_name(p, w, path), *real = NULL;
+	struct stat stored, st;
+	int fd;
+
+	if (at == NULL)
+		return NULL;
+	if ((fd = mountrule_open(w, at, why, sizeof(why))) < 0) {
+		snprintf(p->tree_why, sizeof(p->tree_why), "its stored file is no longer at %.300s "
+			"(%.600s)",
+			at, fd == -EXDEV ? why : strerror(-fd));
+	} else if (fstat(p->fds[0], &stored) != 0 || fstat(fd, &st) != 0 ||
+		st.st_dev != stored.st_dev || st.st_ino != stored.st_ino ||
+		(real = walked_path(fd)) == NULL) {
+		snprintf(p->tree_why, sizeof(p->tree_why), "its stored file is no longer at %s "
+			"(another file is there)", at);
+	}
+	if (fd >= 0)
+		close(fd);
+	free(at);
+	return real;
+}
+
+/*
+ * Where the staged copy p->fds[0] was copied from, if the model's path,
+ * walked in the run w, still leads to that very file (the device and
+ * inode the description records for its origin): the real path of the
+ * file the path names, or of the one of the copy's name in the directory
+ * it names, allocated; NULL when neither is the origin (or it was not
+ * recorded: version 3), p->tree_why saying so. Nothing is looked up by
+ * name (review rev210 H1).
+ */
+static char *
+copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *path)
+{
+	const struct fdstore_file *f = &p->g->files[0];
+	char buf[PATH_MAX], why[MOUNTRULE_WHY], *real = NULL, *dir = NULL, *at = NULL;
+	const char *name;
+	struct stat st;
+	int fd = -1;
+
+	snprintf(p->tree_why, sizeof(p->tree_why), "its staged copy's origin is no longer at %s",
+		path);
+	if ((f->origin_dev == 0 && f->origin_ino == 0) ||
+		fd_path(p->fds[0], buf, sizeof(buf)) < 0 || (name = strrchr(buf, '/')) == NULL ||
+		(fd = mountrule_open(w, path, why, sizeof(why))) < 0 || fstat(fd, &st) != 0 ||
+		(real = walked_path(fd)) == NULL) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	close(fd);
 	if (!S_ISDIR(st.st_mode) && (uint64_t)st.st_dev == f->origin_dev &&
 		(uint64_t)st.st_ino == f->origin_ino)
 		return real;
 	dir = S_ISDIR(st.st_mode) ? real : path_dir(real);
 	if (dir != NULL && (at = path_join(dir, name + 1)) != NULL &&
-		(stat(at, &st) != 0 || !S_ISREG(st.st_mode) ||
-			(uint64_t)st.st_dev != f->origin_dev ||
+		((fd = mountrule_open(w, at, why, sizeof(why))) < 0 || fstat(fd, &st) != 0 ||
+			!S_ISREG(st.st_mode) || (uint64_t)st.st_dev != f->origin_dev ||
 			(uint64_t)st.st_ino != f->origin_ino)) {
 		free(at);
 		at = NULL;
+	} else if (at != NULL) {
+		free(at);
+		at = walked_path(fd);
 	}
+	if (fd >= 0)
+		close(fd);
 	if (dir != real)
 		free(dir);
 	free(real);
@@ -582,26 +735,29 @@ copy_origin(const struct restore_prepared *p, const char *path)
 void
 restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir)
 {
-	char *place, *origin = NULL;
-	struct stat st;
+	struct mountrule_walk w;
+	char *file;
+	struct stat st = { 0 };
 
+	p->tree_why[0] = '\0';
 	if (p->g->nfiles == 0 || p->fds[0] < 0)
 		return;
+	mountrule_walk_init(&w);
 	/* A staged copy's tree is its origin's, where the path leads to it. */
-	if (stored_copy(p, 0, stage_dir))
-		place = (origin = copy_origin(p, path)) != NULL ? file_place(origin, path) : NULL;
-	else
-		place = fd_place(p->fds[0], path);
-	free(origin);
-	if (place == NULL)
-		return;
+	file = stored_copy(p, 0, stage_dir) ? copy_origin(p, &w, path) :
+		stored_file_at_path(p, &w, path);
 	free(p->tree_root);
-	p->tree_root = gen_tree_root(place, &p->tree_uid);
-	p->tree_ino_known = p->tree_root != NULL && stat(p->tree_root, &st) == 0 &&
-		st.st_uid == p->tree_uid;
+	p->tree_root = file != NULL ? judged_tree_root(&w, file, &p->tree_uid, &st) : NULL;
+	if (file != NULL && p->tree_root == NULL)
+		snprintf(p->tree_why, sizeof(p->tree_why), "the tree of %s could not be told "
+			"(a directory above it was not reached by the judged walk)", file);
+	else if (p->tree_root != NULL)
+		p->tree_why[0] = '\0';
+	p->tree_ino_known = p->tree_root != NULL;
 	p->tree_dev = p->tree_ino_known ? st.st_dev : 0;
 	p->tree_ino = p->tree_ino_known ? st.st_ino : 0;
-	free(place);
+	mountrule_walk_end(&w);
+	free(file);
 }
 
 void

@@ -183,6 +183,8 @@ struct restore_prepared {
 	int tree_ino_known;
 	dev_t tree_dev;
 	ino_t tree_ino;
+	/* Why restore_stored_tree told no tree (one line), or "". */
+	char tree_why[ERROR_MAX];
 	/* Filled by restore_work() for the current generation
 	 * (restore_tell_files): what its stored descriptors tell of the files
 	 * it served, for the reload wcached makes by itself should it not be
@@ -238,16 +240,21 @@ void restore_tell_files(struct restore_prepared *p, const char *stage_dir, const
 
 /*
  * p's current generation was not restored and the description records no
- * tree for its model (a store before format version 9): the tree its
- * first stored file is found in where it is now (as restore_moved_tree
- * finds it, by /proc/self/fd), or for a staged copy the tree of the file
- * it was copied from, where the model's path still leads to it (the
- * origin's device and inode as described), into p->tree_root, tree_uid and
- * the root's inode, for the reload wcached makes by itself. None where the
- * file was removed (its place says nothing of whose it was), is not in the
- * store, or is a copy whose origin the path does not lead to (or was not
- * recorded: version 3). path: the model's configured path. Work queue
- * thread (review rev206 M1).
+ * tree for its model (a store before format version 9): the tree of its
+ * first stored file, where the model's path still leads to that very file
+ * (its device and inode), or for a staged copy the tree of the file it was
+ * copied from, where the model's path still leads to it (the origin's
+ * device and inode as described), into p->tree_root, tree_uid and the
+ * root's inode, for the reload wcached makes by itself. The path, the file
+ * and the tree's root are reached by the judged walk (mountrule.h), never
+ * by name. None, with p->tree_why saying why, where the file is no longer
+ * at the model's path (removed, or renamed: anyone who may rename entries
+ * in its directory may have put it anywhere he may write, under his own
+ * FUSE mount too, review rev210 H1), the walk refused or failed, it is
+ * not in the store, or it is a copy whose origin the path does not lead
+ * to (or was not recorded: version 3): the model then waits for the
+ * operator's reload. path: the model's configured path. Work queue thread
+ * (review rev206 M1).
  */
 void restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir);
 

@@ -741,6 +741,15 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m,
 	}
 	if (p != NULL)
 		kept.kept = p->kept;
+	if (kept.root == NULL && p != NULL && t->root == NULL && p->tree_why[0] != '\0') {
+		char what[ERROR_MAX + 64];
+
+		snprintf(what, sizeof(what), "the file descriptor store, written by a wcached "
+			"before format version 9, records no tree to judge it against, and its "
+			"stored files tell none: %.850s", p->tree_why);
+		wait_unjudged(r, m->name, reason, what);
+		return -1;
+	}
 	if (kept.root == NULL) {
 		wait_unjudged(r, m->name, reason, "the file descriptor store records no tree to "
 			"judge it against (written by a wcached before format version 9, or the "

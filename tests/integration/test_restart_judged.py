@@ -10,18 +10,20 @@ and the neighbours run as other users)."""
 import contextlib
 import os
 import re
+import subprocess
 import time
 
 import pytest
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl, model_entry
+from fusehang import HangFS, blocked_in_fuse, neighbours_place
 from remotefs import RemoteFS  # tests/pyutil, on the path conftest set
 from test_reload_refused import REMOTE, SECRET_BYTES, remote_place, secret_never_served
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager,
                               alices_file_in_a_shared_place, as_alice, as_bob, made_by,
                               roots_private_model)
-from test_warm_restart import ready, start
+from test_warm_restart import ready, sealed_memfd, start
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -391,5 +393,67 @@ def test_a_model_the_store_had_no_room_for_waits_at_a_restart_and_says_why(tmp_p
         assert os.stat(m).st_uid == ALICE_UID
     finally:
         status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
+def untreed(mgr):
+    """mgr's stored description rewritten as a wcached before format version
+    9 wrote it (no trees: tests/tools/store_untreed.c): the upgrade's store."""
+    with mgr.lock:
+        old = mgr.store["wc-desc"]
+        blob = os.pread(old[0], os.fstat(old[0]).st_size, 0)
+        tool = os.path.join(os.environ["WCACHE_BUILD"], "bin", "store_untreed")
+        v8 = subprocess.run([tool], input=blob, capture_output=True, check=True).stdout
+        mgr.store["wc-desc"] = [sealed_memfd(v8)]
+        for fd in old:
+            os.close(fd)
+
+
+def test_the_upgrade_restart_takes_no_tree_from_a_stored_file_a_neighbour_moved_under_his_mount(
+        tmp_path):
+    """rev210 H1: alice's one-file model straight in team/ (2775, bob a
+    member). The restart is the upgrade (a store before format version 9:
+    no tree recorded). While wcached restarts bob renames her file into his
+    own directory team/bobdir and mounts his FUSE server (answering INIT
+    alone) on bobdir. Her model's check fails (its file moved), and the
+    restart looked for a tree where /proc/self/fd says the stored file is
+    now, by name: stat(2) of team/bobdir/llama.safetensors asked his server
+    (LOOKUP), never answered: the model was never listed and wcached did
+    not stop. Now a stored file no longer where the model's path leads
+    tells no tree: the model waits for `wcachectl reload llama`, saying
+    why, no thread asks his server, and wcached stops."""
+    neighbours_place(tmp_path, "unused")
+    team = made_by(tmp_path / "team", 0, 0o2775)
+    os.chown(team, 0, GROUP)
+    os.chmod(team, 0o2775)
+    llama = mkmodel(os.path.join(team, "llama.safetensors"), seed=1)
+    os.chown(llama, ALICE_UID, GROUP)
+    as_bob("mkdir -m 0755 bobdir", team)
+    bobdir = os.path.join(team, "bobdir")
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": llama}, user=USER, nofile=1024)
+    start(d, mgr, user=USER)
+    stored(d, mgr)
+    assert d.stop() == 0, d.read_log()
+    untreed(mgr)
+    as_bob("mv llama.safetensors bobdir/", team)
+    fs = HangFS(bobdir, BOB_UID, GROUP)
+    status = None
+    try:
+        time.sleep(0.3)
+        start(d, mgr, *mgr.listen_fds(), user=USER)
+        waits = re.compile(r'model "llama": not restored: .*wcachectl reload llama')
+        wait_until(lambda: blocked_in_fuse(d.proc.pid) or waits.search(d.read_log()),
+                   what="llama's wait, or a thread in bob's server")
+        stuck = blocked_in_fuse(d.proc.pid)
+        assert not stuck, ("a wcached thread waits on bob's FUSE server", stuck, fs.ops,
+                           d.read_log())
+        assert "waits_for_reload" in model_entry(d, "llama"), model_entry(d, "llama")
+        status = d.stop(timeout=20)   # his server still mounted
+    finally:
+        fs.close()
+        d.stop()
         mgr.close()
     assert status == 0, d.read_log()

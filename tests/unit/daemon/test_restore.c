@@ -1272,6 +1272,38 @@ test_a_version_8_model_not_restored_is_judged_by_its_stored_file(void **state)
 }
 
 /*
+ * Review rev210 H1: the same upgrade, the stored file renamed into another
+ * directory (as a neighbour who may rename entries in its directory may
+ * put it in his own, under his FUSE mount): a file no longer at the
+ * model's path tells no tree (before, the tree was looked up by name where
+ * /proc/self/fd said the file is now, and taken): it waits for the
+ * operator's reload, saying why.
+ */
+static void
+test_a_version_8_model_whose_file_was_moved_away_waits(void **state)
+{
+	struct fixture *f = *state;
+	char *log, *dir = path_dir(f->file), *aside, *moved;
+
+	assert_non_null(dir);
+	assert_non_null(aside = path_join(dir, "aside"));
+	assert_non_null(moved = path_join(aside, "moved.safetensors"));
+	no_tree(f);
+	assert_int_equal(mkdir(aside, 0755), 0);
+	assert_int_equal(rename(f->file, moved), 0);
+	log = restore_checked(f);
+	assert_int_equal(f->result, RESTORE_WAITS);
+	assert_non_null(strstr(log, "stored files tell none: its stored file is no longer at "));
+	assert_null(strstr(log, "; loading"));
+	assert_int_equal(rename(moved, f->file), 0);
+	assert_int_equal(rmdir(aside), 0);
+	free(log);
+	free(moved);
+	free(aside);
+	free(dir);
+}
+
+/*
  * The operator's `wcachectl reload m` while the restart's check of m runs
  * (answered: a load is already in progress; reload_again) is her word on
  * what its path names: once the check fails and m waits (a version 8
@@ -1327,6 +1359,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_current_generation_and_no_tree_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_version_8_model_whose_file_was_moved_away_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_model_not_restored_keeps_the_owner_of_its_file, setup, teardown),
