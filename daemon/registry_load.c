@@ -1072,12 +1072,13 @@ plain_names(const char *rest)
  * the walk's descriptor, never by name: its real path (allocated, as
  * /proc/self/fd names it), its fstat in *st and the descriptor in *fd
  * (O_PATH; the caller closes it). NULL where the walk fails (*refused set
- * where it refused a user's FUSE mount, -EXDEV) or the file is gone.
+ * where it refused a user's FUSE mount, -EXDEV), the file is gone, or out
+ * of memory (*refused set: the look ends).
  */
 static char *
 judged_place(const char *path, struct stat *st, int *fd, int *refused)
 {
-	char proc[32], real[PATH_MAX], why[8];
+	char proc[32], real[PATH_MAX], why[8], *s;
 	ssize_t n = -1;
 
 	if ((*fd = mountrule_open(NULL, path, why, sizeof(why))) < 0) {
@@ -1094,7 +1095,15 @@ judged_place(const char *path, struct stat *st, int *fd, int *refused)
 		*fd = -1;
 		return NULL;
 	}
-	return strdup(real);
+	/* Out of memory ends the look, as a refusal does: not the parent
+	 * judged in the directory's place, nor the descriptor left open
+	 * (review rev210 L1). */
+	if ((s = strdup(real)) == NULL) {
+		close(*fd);
+		*fd = -1;
+		*refused = 1;
+	}
+	return s;
 }
 
 /*

@@ -62,6 +62,25 @@ int __real_open(const char *path, int flags, ...);
 int __wrap_open(const char *path, int flags, ...);
 char *__real_realpath(const char *path, char *resolved);
 char *__wrap_realpath(const char *path, char *resolved);
+char *__real_strdup(const char *s);
+char *__wrap_strdup(const char *s);
+
+/* strdup() of strdup_fail_of fails once (ENOMEM) while strdup_armed is
+ * set, and strdup_failed says it did (review rev210 L1). */
+static atomic_int strdup_armed, strdup_failed;
+static char strdup_fail_of[4096];
+
+char *
+__wrap_strdup(const char *s)
+{
+	if (atomic_load(&strdup_armed) && strcmp(s, strdup_fail_of) == 0 &&
+		atomic_exchange(&strdup_armed, 0)) {
+		atomic_store(&strdup_failed, 1);
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_strdup(s);
+}
 
 /* A rename at a chosen moment of a load: on the swap_at-th realpath() of
  * swap_dir (counting down; 0: none), a symbolic link to swap_target is
@@ -2095,6 +2114,53 @@ test_rev187_owner_of_open_place_is_no_first_comer(void **state)
 		0), 0);
 }
 
+/* The descriptors this process has open. */
+static int
+open_fds(void)
+{
+	int n = 0;
+
+	for (int fd = 0; fd < 4096; fd++)
+		n += fcntl(fd, F_GETFD) != -1;
+	return n;
+}
+
+/*
+ * rev210 L1: an operator's load of a path not there looks at the place it
+ * names by the judged walk (place_of); where strdup() of a directory's real
+ * path fails (out of memory), judged_place left the walk's descriptor open
+ * and the look went on with the parent. Now it closes it and ends the look:
+ * an operator's load of sub/m.safetensors, sub's strdup failing, leaves as
+ * many descriptors open as the same load whose strdup succeeds.
+ */
+static void
+test_rev210_out_of_memory_in_place_of_leaves_no_descriptor(void **state)
+{
+	struct du *t = *state;
+	char *dir, *real, *p;
+	int before, after;
+
+	assert_true(asprintf(&dir, "%s/sub", t->dir) > 0);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	assert_non_null(real = realpath(dir, NULL));
+	snprintf(strdup_fail_of, sizeof(strdup_fail_of), "%s", real);
+	assert_true(asprintf(&p, "%s/m.safetensors", dir) > 0);
+	assert_true(du_load(t, "a", p, PIN_NONE, 0) < 0);
+	before = open_fds();
+	assert_true(du_load(t, "b", p, PIN_NONE, 0) < 0);
+	after = open_fds();
+	atomic_store(&strdup_armed, 1);
+	assert_true(du_load(t, "c", p, PIN_NONE, 0) < 0);
+	atomic_store(&strdup_armed, 0);
+	print_message("rev210 L1: %d descriptors, %d after a load, %d after one whose strdup "
+		"of %s failed (%d)\n", before, after, open_fds(), real, atomic_load(&strdup_failed));
+	assert_true(atomic_load(&strdup_failed));
+	assert_int_equal(open_fds() - after, after - before);
+	free(p);
+	free(real);
+	free(dir);
+}
+
 /* rev191: a watched reload of llama (generation g1 serving): its status;
  * in *size the current generation's file's size, 0 when g1 is still it. */
 static int
@@ -3169,6 +3235,8 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_a_reload_stages_as_the_stage_key_says_now,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev210_out_of_memory_in_place_of_leaves_no_descriptor, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
