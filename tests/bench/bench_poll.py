@@ -165,23 +165,31 @@ def mounts_here(b, tmp):
     print(json.dumps(figures))
 
 
-def mounts_part(b, tmp):
-    """mounts_here in a private mount namespace (unshare -m): the mounts it
-    makes go with it."""
-    print("\n  one poll of 163 shards on a tmpfs of their own (a volume), by the number of "
-          "mounts")
+def in_own_mounts(b, tmp, name, flag):
+    """This script again with flag and the directory tmp/name, in a private
+    mount namespace (unshare -m: the mounts it makes go with it): the JSON
+    of its last line, or None (said) where it cannot run."""
     if os.geteuid() != 0:
         print("  (not root: no mount namespace of our own; skipped)")
         return None
-    d = os.path.join(tmp, "mounts")
+    d = os.path.join(tmp, name)
     os.mkdir(d)
     p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
                         os.path.abspath(__file__), "--build", b.build, "--models", b.model_dir,
-                        "--mounts-here", d], capture_output=True, text=True)
+                        flag, d], capture_output=True, text=True)
     if p.returncode != 0:
         print(f"  (unshare -m failed: {p.stderr.strip()[-300:]}; skipped)")
         return None
-    figures = json.loads(p.stdout.strip().splitlines()[-1])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def mounts_part(b, tmp):
+    """mounts_here in a private mount namespace (in_own_mounts)."""
+    print("\n  one poll of 163 shards on a tmpfs of their own (a volume), by the number of "
+          "mounts")
+    figures = in_own_mounts(b, tmp, "mounts", "--mounts-here")
+    if figures is None:
+        return None
     for label in ("few", "many"):
         n, cost, polls = figures[label]
         print(f"  {n:>4} mounts              {fmt_t(cost):>9} per poll ({polls} polls)")
@@ -231,21 +239,12 @@ def listing_here(b, tmp):
 
 
 def listing_part(b, tmp):
-    """listing_here in a private mount namespace (unshare -m)."""
+    """listing_here in a private mount namespace (in_own_mounts)."""
     print(f"\n  a load of a directory model with {LISTING_MOUNTS} / 2 mounted names in its "
           "directory")
-    if os.geteuid() != 0:
-        print("  (not root: no mount namespace of our own; skipped)")
+    figures = in_own_mounts(b, tmp, "listing", "--listing-here")
+    if figures is None:
         return None
-    d = os.path.join(tmp, "listing")
-    os.mkdir(d)
-    p = subprocess.run(["unshare", "-m", "--propagation", "private", sys.executable,
-                        os.path.abspath(__file__), "--build", b.build, "--models", b.model_dir,
-                        "--listing-here", d], capture_output=True, text=True)
-    if p.returncode != 0:
-        print(f"  (unshare -m failed: {p.stderr.strip()[-300:]}; skipped)")
-        return None
-    figures = json.loads(p.stdout.strip().splitlines()[-1])
     print(f"  {2:>4} mounted names         {fmt_t(figures['few']):>9} a load")
     print(f"  {LISTING_MOUNTS:>4} mounted names         {fmt_t(figures['many']):>9} a load")
     ratio = figures["many"] / figures["few"]
