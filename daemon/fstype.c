@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -164,22 +165,22 @@ user_id_of(const char *opt, size_t n)
 	return d > o + 8 && v <= INT32_MAX && (d == end || *d == ',') ? (long)v : -1;
 }
 
-/* One mountinfo line's device and filesystem type (type has 64 bytes: a
- * longer one is cut there, the fields after it read where they are): 0,
- * or -1 when the line does not name both. Fields: id parent major:minor
+/* One mountinfo line's mount ID, device and filesystem type (type has 64
+ * bytes: a longer one is cut there, the fields after it read where they
+ * are): 0, or -1 when the line does not name them. Fields: id parent major:minor
  * root mountpoint options... - type source superoptions (the kernel
  * escapes blanks in each as \040: the super options are the last field,
  * never the source, which a FUSE mount's user names: fsname=). *user is
  * the UID of a FUSE mount's user_id=UID super option, -1 where the line
  * has none (or it is not a number). */
 static int
-parse_mount(const char *line, dev_t *dev, char *type, long *user)
+parse_mount(const char *line, uint64_t *id, dev_t *dev, char *type, long *user)
 {
 	unsigned maj, min;
 	const char *sep = strstr(line, " - "), *f, *opt = NULL;
 	size_t at = 0, n, optn = 0;
 
-	if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL)
+	if (sscanf(line, "%" SCNu64 " %*u %u:%u", id, &maj, &min) != 3 || sep == NULL)
 		return -1;
 	sep += 3;
 	f = next_field(sep, &at, &n);
@@ -212,10 +213,11 @@ static int
 add_mount(struct fs_mounts *t, const char *line)
 {
 	char type[64];
+	uint64_t id;
 	long user;
 	dev_t dev;
 
-	if (parse_mount(line, &dev, type, &user) < 0)
+	if (parse_mount(line, &id, &dev, type, &user) < 0)
 		return 0;
 	if (t->n == t->cap) {
 		size_t more = t->cap ? t->cap * 2 : 64;
@@ -226,6 +228,7 @@ add_mount(struct fs_mounts *t, const char *line)
 		t->mounts = m;
 		t->cap = more;
 	}
+	t->mounts[t->n].id = id;
 	t->mounts[t->n].dev = dev;
 	fstype_classify_name(type, &t->mounts[t->n].fs);
 	/* A FUSE mount whose user_id the line does not say is a user's, by
@@ -325,15 +328,30 @@ fstype_mounts_read(const char *mountinfo, struct fs_mounts *out)
 	return err;
 }
 
-int
-fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out)
+/* The first mount of t with mount ID id (by_id) or device dev: 0 with
+ * *out its filesystem, or -ENOENT. */
+static int
+mounts_find(const struct fs_mounts *t, bool by_id, uint64_t id, dev_t dev,
+	struct fs_info *out)
 {
 	for (size_t i = 0; i < t->n; i++)
-		if (t->mounts[i].dev == dev) {
+		if (by_id ? t->mounts[i].id == id : t->mounts[i].dev == dev) {
 			*out = t->mounts[i].fs;
 			return 0;
 		}
 	return -ENOENT;
+}
+
+int
+fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out)
+{
+	return mounts_find(t, false, 0, dev, out);
+}
+
+int
+fstype_mounts_find_id(const struct fs_mounts *t, uint64_t id, struct fs_info *out)
+{
+	return mounts_find(t, true, id, 0, out);
 }
 
 void
@@ -400,21 +418,35 @@ table_read(struct fs_table *t)
 	return 0;
 }
 
-int
-fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out)
+/* fstype_table_find(_id)'s look in t, as fs_table says, for the mount
+ * mounts_find finds by id or dev. */
+static int
+table_find(struct fs_table *t, bool by_id, uint64_t id, dev_t dev, struct fs_info *out)
 {
 	int err;
 
 	if ((t->fd < 0 || table_changed(t->fd)) && (err = table_read(t)) < 0)
 		return err;
-	err = fstype_mounts_find(&t->mounts, dev, out);
+	err = mounts_find(&t->mounts, by_id, id, dev, out);
 	if (err == -ENOENT && !t->missed) {
 		t->missed = true;
 		if ((err = table_read(t)) < 0)
 			return err;
-		err = fstype_mounts_find(&t->mounts, dev, out);
+		err = mounts_find(&t->mounts, by_id, id, dev, out);
 	}
 	return err;
+}
+
+int
+fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out)
+{
+	return table_find(t, false, 0, dev, out);
+}
+
+int
+fstype_table_find_id(struct fs_table *t, uint64_t id, struct fs_info *out)
+{
+	return table_find(t, true, id, 0, out);
 }
 
 void

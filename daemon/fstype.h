@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 /* A filesystem as statfs(2) names it. */
@@ -56,8 +57,10 @@ void fstype_classify_name(const char *type, struct fs_info *out);
 int fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
 
 /* The mount table as mountinfo lists it, classified: one entry per line
- * that names a device and a filesystem type, in mountinfo's order. */
+ * that names a mount ID, a device and a filesystem type, in mountinfo's
+ * order. */
 struct fs_mount {
+	uint64_t id;       /* the line's mount ID, its first field (statx's stx_mnt_id) */
 	dev_t dev;         /* the line's major:minor */
 	struct fs_info fs; /* its filesystem type, classified (fstype_classify_name) */
 };
@@ -88,6 +91,13 @@ int fstype_mounts_add(struct fs_mounts *t, const char *text, size_t len);
  * first mount with that device. 0, or -ENOENT. */
 int fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out);
 
+/* The filesystem of the mount whose mount ID is id, in t: 0, or -ENOENT
+ * where no line has that ID. A mount ID names one mount while it exists
+ * (the kernel gives it to another only once it is gone), where a device
+ * may be no line's: a btrfs subvolume's files have a device of their own
+ * but their mount's ID. */
+int fstype_mounts_find_id(const struct fs_mounts *t, uint64_t id, struct fs_info *out);
+
 /* Frees what t holds and empties it; an empty one (or NULL) is fine. */
 void fstype_mounts_free(struct fs_mounts *t);
 
@@ -99,15 +109,15 @@ void fstype_mounts_free(struct fs_mounts *t);
  * namespace's mounts after it was opened (proc(5), /proc/PID/mounts):
  * then a device the table lists may be another filesystem's now (anonymous
  * device numbers are handed out again), and one it does not list may be
- * mounted. Where poll cannot tell, the table is read again. A device the
- * table does not list is asked once more after one reading again (a mount
- * made between the reading and the walk), once per table.
+ * mounted. Where poll cannot tell, the table is read again. A device or
+ * mount ID the table does not list is asked once more after one reading
+ * again (a mount made between the reading and the walk), once per table.
  */
 struct fs_table {
 	const char *mountinfo; /* the table's file: /proc/self/mountinfo */
 	int fd;                /* it, open since mounts was read; -1 before */
 	struct fs_mounts mounts;
-	bool missed;           /* read again for a device it did not list */
+	bool missed;           /* read again for a device or ID it did not list */
 	unsigned reads;        /* how often it was read (the unit tests') */
 };
 #define FS_TABLE_INIT(file) { .mountinfo = (file), .fd = -1 }
@@ -116,6 +126,11 @@ struct fs_table {
  * above). 0, -ENOENT (no mount has that device), or -errno reading the
  * table (-ENOMEM, -EMFILE; -EIO where it is missing). */
 int fstype_table_find(struct fs_table *t, dev_t dev, struct fs_info *out);
+
+/* The same for the mount whose mount ID is id (fstype_mounts_find_id):
+ * -ENOENT where no line has it after the one reading again, a mount that
+ * is gone (unmounted, or detached with umount -l) since its ID was told. */
+int fstype_table_find_id(struct fs_table *t, uint64_t id, struct fs_info *out);
 
 /* Closes t's file and frees its table; t is then as FS_TABLE_INIT made it. */
 void fstype_table_free(struct fs_table *t);

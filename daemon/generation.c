@@ -265,13 +265,13 @@ linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
 }
 
 /* tree_walk's judge for is_file_at: tree.h's rule for a mount inside a
- * model's tree (tree_mounts' dev_ok), as tree_open_file's walk judges. */
+ * model's tree (tree_mounts' mount_ok), as tree_open_file's walk judges. */
 static int
-judge_in_tree(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+judge_in_tree(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	(void)ctx;
 	(void)name;
-	return tree_mounts->dev_ok(dev, why, len);
+	return tree_mounts->mount_ok(m, why, len);
 }
 
 /* rel beneath at, O_PATH, with no mount crossed unjudged (RESOLVE_NO_XDEV

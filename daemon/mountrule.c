@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,37 +22,70 @@
 
 #define MOUNTINFO "/proc/self/mountinfo"
 
-/* Whether a file on dev may be opened, from r, what the mount table said
- * of dev (fs: its filesystem, where r is 0): 0, or -errno with why naming
- * the mount or what kept the table from telling. A device no mount has
- * (btrfs gives its subvolumes their own) is local; FUSE's is always
- * listed. */
+/*
+ * The mount m as the mount table t lists it (t NULL: no table, -ENOMEM):
+ * 0 with *fs its filesystem; or -errno with on (len bytes) naming the
+ * mount and why the table cannot tell. -ENOENT: no line has m's mount ID
+ * (after one reading again): the mount is gone since the walk stepped
+ * onto it, unmounted or detached (umount -l), and a detached FUSE mount
+ * still answers through the walk's descriptor, from its user's server
+ * (review rev208 H2). A btrfs subvolume, whose files have a device of
+ * their own, keeps its mount's ID: judged by that mount's line.
+ * Where the kernel gives no mount ID (STATX_MNT_ID, before Linux 5.8),
+ * the mount is found by its device, and a device no line lists counts as
+ * local (*fs "unlisted"), for btrfs: on such a kernel a mount detached
+ * between the step and the look is walked into as local.
+ */
 static int
-dev_verdict(int r, dev_t dev, const struct fs_info *fs, char *why, size_t len)
+mount_find(struct fs_table *t, const struct tree_mount *m, struct fs_info *fs, char *on,
+	size_t len)
 {
-	if (r == -ENOENT)
+	int r = -ENOMEM;
+
+	if (t != NULL && m->has_id)
+		r = fstype_table_find_id(t, m->id, fs);
+	else if (t != NULL && (r = fstype_table_find(t, m->dev, fs)) == -ENOENT) {
+		fstype_classify_name("unlisted", fs);
 		return 0;
-	if (r < 0) {
-		snprintf(why, len, "device %u:%u, whose filesystem %s cannot tell (%s)",
-			major(dev), minor(dev), MOUNTINFO, strerror(-r));
-		return r;
 	}
-	if (fs->remote) {
-		snprintf(why, len, "%s (device %u:%u, a mount of its own)", fs->name, major(dev),
-			minor(dev));
+	if (r == -ENOENT)
+		snprintf(on, len, "mount %" PRIu64 " (device %u:%u), gone from %s (unmounted, or "
+			"detached: umount -l)", m->id, major(m->dev), minor(m->dev), MOUNTINFO);
+	else if (r < 0)
+		snprintf(on, len, "device %u:%u, whose filesystem %s cannot tell (%s)",
+			major(m->dev), minor(m->dev), MOUNTINFO, strerror(-r));
+	return r;
+}
+
+/* Whether a file on the mount m may be opened, from the mount table t
+ * (mount_find): 0, or -errno with why naming the mount (a remote one:
+ * -EXDEV) or what kept the table from telling. */
+static int
+remote_verdict(struct fs_table *t, const struct tree_mount *m, char *why, size_t len)
+{
+	struct fs_info fs;
+	int r = mount_find(t, m, &fs, why, len);
+
+	if (r < 0)
+		return r;
+	if (fs.remote) {
+		snprintf(why, len, "%s (device %u:%u, a mount of its own)", fs.name,
+			major(m->dev), minor(m->dev));
 		return -EXDEV;
 	}
 	return 0;
 }
 
-/* tree_mounts' dev_ok: dev_verdict, told from the mount table (no
- * filesystem asked). */
+/* tree_mounts' mount_ok: remote_verdict, told from the mount table read
+ * afresh (no filesystem asked). */
 static int
-dev_ok(dev_t dev, char *why, size_t len)
+tree_mount_ok(const struct tree_mount *m, char *why, size_t len)
 {
-	struct fs_info fs;
+	struct fs_table t = FS_TABLE_INIT(MOUNTINFO);
+	int r = remote_verdict(&t, m, why, len);
 
-	return dev_verdict(fstype_of_dev(MOUNTINFO, dev, &fs), dev, &fs, why, len);
+	fstype_table_free(&t);
+	return r;
 }
 
 /* A listing's mount table (shards_name_rule's run): read at its first
@@ -76,58 +110,51 @@ static int
 name_rule(void **run, int dfd, const char *name, char *why, size_t len)
 {
 	struct fs_table *t = *run;
-	struct fs_info fs;
+	struct tree_mount m;
 	struct statx sx;
 	struct stat dir;
-	char on[128];
-	dev_t dev;
-	int r;
+	char on[160];
 
 	if (fstat(dfd, &dir) == -1 ||
 		statx(dfd, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC,
-			STATX_TYPE, &sx) == -1)
+			STATX_TYPE | STATX_MNT_ID, &sx) == -1)
 		return 0;
-	dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-	if (dev == dir.st_dev)
+	m = (struct tree_mount){ makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_mnt_id,
+		(sx.stx_mask & STATX_MNT_ID) != 0 };
+	if (m.dev == dir.st_dev)
 		return 0;
 	if (t == NULL && (t = malloc(sizeof(*t))) != NULL) {
 		*t = (struct fs_table)FS_TABLE_INIT(MOUNTINFO);
 		*run = t;
 	}
-	r = t != NULL ? fstype_table_find(t, dev, &fs) : -ENOMEM;
-	if (dev_verdict(r, dev, &fs, on, sizeof(on)) < 0) {
+	if (remote_verdict(t, &m, on, sizeof(on)) < 0) {
 		snprintf(why, len, "%s is mounted on it", on);
 		return -EXDEV;
 	}
 	return 0;
 }
 
-/* Whether a walk may step onto the mount on dev: 0; -EXDEV where it is a
+/* Whether a walk may step onto the mount m: 0; -EXDEV where it is a
  * user's FUSE mount (not root's, nor wcached's user's), on naming it; or
- * the error reading the mount table (-ENOMEM, -EMFILE): a mount that
- * cannot be judged is not walked onto (review rev207 M1). Told from the
- * mount table only (t's). */
+ * mount_find's error (a mount gone from the table, a table that cannot be
+ * read), on saying it: a mount that cannot be judged is not walked onto
+ * (review rev207 M1, rev208 H2). Told from the mount table only (t's). */
 static int
-mount_ok(struct fs_table *t, dev_t dev, char *on, size_t len)
+mount_ok(struct fs_table *t, const struct tree_mount *m, char *on, size_t len)
 {
 	struct fs_info fs;
-	int r = fstype_table_find(t, dev, &fs);
+	int r = mount_find(t, m, &fs, on, len);
 
-	if (r == -ENOENT)
-		return 0; /* no mount's device (btrfs gives subvolumes their own) */
-	if (r < 0) {
-		snprintf(on, len, "device %u:%u, whose filesystem %s cannot tell (%s)",
-			major(dev), minor(dev), MOUNTINFO, strerror(-r));
+	if (r < 0)
 		return r;
-	}
 	if (!fs.user_mount || fs.mounter == geteuid())
 		return 0;
 	if (fs.mounter == (uid_t)-1) /* fstype.c: no user_id that can be read */
 		snprintf(on, len, "fuse (device %u:%u) whose user the mount table does not name",
-			major(dev), minor(dev));
+			major(m->dev), minor(m->dev));
 	else
-		snprintf(on, len, "fuse (device %u:%u) mounted by uid %u", major(dev), minor(dev),
-			(unsigned)fs.mounter);
+		snprintf(on, len, "fuse (device %u:%u) mounted by uid %u", major(m->dev),
+			minor(m->dev), (unsigned)fs.mounter);
 	return -EXDEV;
 }
 
@@ -149,7 +176,7 @@ struct judged {
  * unless it is a user's FUSE mount, or cannot be judged; why names the
  * path, the name on it, the mount and the reason. */
 static int
-judge(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+judge(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	struct judged *j = ctx;
 	char on[160];
@@ -161,7 +188,7 @@ judge(void *ctx, dev_t dev, const char *name, char *why, size_t len)
 			name, WALK_CROSSINGS);
 		return -EXDEV;
 	}
-	r = mount_ok(j->table, dev, on, sizeof(on));
+	r = mount_ok(j->table, m, on, sizeof(on));
 	if (r == -EXDEV)
 		snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
 			"neighbour's server may never answer)", j->path, name, on);
@@ -183,24 +210,24 @@ judge(void *ctx, dev_t dev, const char *name, char *why, size_t len)
  * that cannot be read refuses the link too.
  */
 static int
-link_ok(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+link_ok(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	const struct judged *j = ctx;
 	struct fs_info fs;
-	int r = fstype_table_find(j->table, dev, &fs);
+	char on[160];
+	int r = mount_find(j->table, m, &fs, on, sizeof(on));
 
-	if (r == -ENOENT || (r == 0 && strcmp(fs.name, "proc") != 0))
+	if (r == 0 && strcmp(fs.name, "proc") != 0)
 		return 0;
 	if (r < 0)
-		snprintf(why, len, "%s: %s is a link on device %u:%u, whose filesystem %s cannot "
-			"tell (%s): wcached follows no link it cannot judge", j->path, name,
-			major(dev), minor(dev), MOUNTINFO, strerror(-r));
+		snprintf(why, len, "%s: %s is a link on %s: wcached follows no link it cannot "
+			"judge", j->path, name, on);
 	else
 		snprintf(why, len, "%s: %s is a link on /proc (device %u:%u): wcached follows none "
 			"in a model's path (its text need not be where it leads: a process's "
 			"descriptor of a neighbour's FUSE file); name the model's file by its path "
-			"(descriptors here are the daemon's own)", j->path, name, major(dev),
-			minor(dev));
+			"(descriptors here are the daemon's own)", j->path, name, major(m->dev),
+			minor(m->dev));
 	return -EXDEV;
 }
 
@@ -356,7 +383,7 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
-static const struct tree_mounts rule = { dev_ok };
+static const struct tree_mounts rule = { tree_mount_ok };
 static const struct shards_name_rule names = { name_rule, name_run_end };
 
 void

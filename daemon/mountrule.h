@@ -9,8 +9,8 @@
  * user_allow_other), and such a server may never answer an open: the
  * thread that opens the file waits for good, and a work thread of the
  * local share with it. So wcached opens a model's files with
- * RESOLVE_NO_XDEV, and one that crosses a mount only where the mount's
- * device, told by statx(2) with AT_STATX_DONT_SYNC (no server asked) and
+ * RESOLVE_NO_XDEV, and one that crosses a mount only where the mount,
+ * told by statx(2) with AT_STATX_DONT_SYNC (its ID; no server asked) and
  * the mount table, is a local filesystem (a shard bind-mounted from
  * another disk, a Kubernetes subPath mount, loads); a directory model's
  * files are found only among names with no remote mount on them.
@@ -56,7 +56,8 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * directory or one above it included, or on a file of his that a link he
  * renamed in leads to;
  * its server may never answer): each mount crossed is judged from its
- * device (statx AT_STATX_DONT_SYNC: no server asked) and the mount table
+ * mount ID (statx AT_STATX_DONT_SYNC of the walk's own descriptor: no
+ * server asked; its device on kernels before 5.8) and the mount table
  * before anything on it is looked up (review rev205 H1, H2). root's own
  * FUSE and network mounts, and wcached's user's, are walked as stat(2)
  * walks them.
@@ -68,9 +69,10 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * stat), an operator's load's look at the place (place_of) and the restore
  * checks take any error as the answer and look the path up by name no
  * further: what the walk did not reach it did not judge (review rev207
- * H2, rev208 H1, H3). A device the mount table does not list counts as
- * local (README, "Not yet safe", rev208 H2). w: the run it is part of,
- * or NULL for a walk of its own.
+ * H2, rev208 H1, H3). A mount whose ID the mount table does not list is
+ * refused: it is gone, unmounted or detached (umount -l) since the walk
+ * stepped onto it (rev208 H2). w: the run it is part of, or NULL for a
+ * walk of its own.
  * mountrule_stat: stat(2) of path, by the walk and fstat(2) of that very
  * file (no second walk a link could be renamed into): 0, or -1 and errno
  * (EXDEV for a user's FUSE mount, why set; why may be NULL, len 0).

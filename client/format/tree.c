@@ -345,6 +345,7 @@ tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
 	size_t cap = 2 * PATH_MAX + 2, n = strlen(rel);
 	char *rest, *p, *name, target[PATH_MAX];
 	dev_t devs[WALK_DEPTH], dev;
+	struct tree_mount mnt;
 	struct statx sx;
 
 	w->refused = false;
@@ -380,18 +381,24 @@ tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
 			close(stack[depth--]);
 			continue;
 		}
+		/* The mount's ID from this very descriptor: a mount detached
+		 * (umount -l) between this step and the judge's look at the
+		 * mount table is no line of it, and is refused as gone; its
+		 * device alone, which no line lists then either, could not be
+		 * told from a btrfs subvolume's (review rev208 H2). */
 		if ((fd = file_openat(stack[depth], name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) == -1 ||
 			statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-				STATX_TYPE, &sx) == -1)
+				STATX_TYPE | STATX_MNT_ID, &sx) == -1)
 			goto out;
 		dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-		if (dev != devs[depth] && (e = w->judge(w->ctx, dev, name, why, len)) < 0) {
+		mnt = (struct tree_mount){ dev, sx.stx_mnt_id, (sx.stx_mask & STATX_MNT_ID) != 0 };
+		if (dev != devs[depth] && (e = w->judge(w->ctx, &mnt, name, why, len)) < 0) {
 			w->refused = true;
 			r = e;
 			goto out;
 		}
 		if (S_ISLNK(sx.stx_mode) && w->link != NULL &&
-			(e = w->link(w->ctx, dev, name, why, len)) < 0) {
+			(e = w->link(w->ctx, &mnt, name, why, len)) < 0) {
 			w->refused = true;
 			r = e;
 			goto out;
@@ -458,20 +465,20 @@ out:
 	return r >= 0 || w->refused ? r : -e;
 }
 
-/* tree_walk's judge under tree_mounts: its dev_ok. */
+/* tree_walk's judge under tree_mounts: its mount_ok. */
 static int
-judge_mount(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+judge_mount(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	(void)ctx;
 	(void)name;
-	return tree_mounts->dev_ok(dev, why, len);
+	return tree_mounts->mount_ok(m, why, len);
 }
 
 /*
  * open_across's walk of rel beneath t (tree_walk, judged by tree_mounts'
- * dev_ok). The judged file's O_PATH descriptor; -1 and errno EXDEV where
+ * mount_ok). The judged file's O_PATH descriptor; -1 and errno EXDEV where
  * rel leaves the tree (for the caller to explain), or another errno; -2
- * with the message set where dev_ok refused a mount.
+ * with the message set where mount_ok refused a mount.
  */
 static int
 walk_judged(const struct model_tree *t, const char *rel, const char *path)

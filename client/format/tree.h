@@ -28,6 +28,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "base/file.h"
@@ -100,20 +101,35 @@ int tree_open_model_file(const char *path, struct wc_file *out);
 extern bool tree_fd_hint;
 
 /*
+ * A mount a walk stepped onto (or a link lies on), as statx(2) told it of
+ * the walk's own O_PATH descriptor, with AT_STATX_DONT_SYNC (no server
+ * asked): its device, and the mount's ID (mountinfo's first field), which
+ * names that very mount, even one detached (umount -l) since: the kernel
+ * gives the ID to no other mount while the descriptor holds it. has_id is
+ * false where the kernel gives none (STATX_MNT_ID, Linux 5.8): then the
+ * device alone tells the mount.
+ */
+struct tree_mount {
+	dev_t dev;
+	uint64_t id;
+	bool has_id;
+};
+
+/*
  * wcached's rule for mounts inside a model's tree (NULL, libwcache's: a
  * mount is crossed like a directory, so that a shard bind-mounted into a
  * container's tree loads). Where set, a model file is opened with
  * RESOLVE_NO_XDEV, and one that crosses a mount is reached again one name
- * at a time, each mount crossed judged by its device (told without asking
- * any filesystem server) before anything on it is looked up, and opened
- * only where dev_ok takes every one: a neighbour's FUSE mount on a file or
- * directory in a model's tree (whose server may never answer) is never
- * opened or walked into (review rev202 H1, rev205 H3). dev_ok: 0, or
- * -errno with why ("fuse (a mount of its own)"). Kernels without openat2
- * keep the fallback's walk.
+ * at a time, each mount crossed judged (struct tree_mount: told without
+ * asking any filesystem server) before anything on it is looked up, and
+ * opened only where mount_ok takes every one: a neighbour's FUSE mount on
+ * a file or directory in a model's tree (whose server may never answer) is
+ * never opened or walked into (review rev202 H1, rev205 H3). mount_ok: 0,
+ * or -errno with why ("fuse (a mount of its own)"). Kernels without
+ * openat2 keep the fallback's walk.
  */
 struct tree_mounts {
-	int (*dev_ok)(dev_t dev, char *why, size_t len);
+	int (*mount_ok)(const struct tree_mount *m, char *why, size_t len);
 };
 extern const struct tree_mounts *tree_mounts;
 
@@ -127,12 +143,12 @@ extern const struct tree_mounts *tree_mounts;
  * asked, is not its directory's) is stepped onto with O_PATH only and
  * judged before anything on it is looked up. Nothing is walked twice and
  * no table is read before the walk (review rev205 H3).
- *  - judge(ctx, dev, name, why, len): 0 to go on across the mount on dev
- *    that name (a name of the path or of a link's text) is on; or -errno,
- *    with why set, to refuse it.
- *  - link(ctx, dev, name, why, len), where set: asked for each link met,
- *    on dev, before its text is read: 0 to walk its text, or -errno with
- *    why to refuse it (a procfs "magic" link's text is not where the
+ *  - judge(ctx, m, name, why, len): 0 to go on across the mount m that
+ *    name (a name of the path or of a link's text) is on; or -errno, with
+ *    why set, to refuse it.
+ *  - link(ctx, m, name, why, len), where set: asked for each link met, on
+ *    the mount m, before its text is read: 0 to walk its text, or -errno
+ *    with why to refuse it (a procfs "magic" link's text is not where the
  *    kernel goes: /proc/PID/fd/N leads to the very file a process holds).
  *  - beneath: the walk stays beneath the directory it starts from: ".."
  *    is the directory the walk came from, and ".." above the start or an
@@ -145,8 +161,10 @@ extern const struct tree_mounts *tree_mounts;
  *  - refused: set when judge refused (its code returned, why its line).
  */
 struct tree_walk {
-	int (*judge)(void *ctx, dev_t dev, const char *name, char *why, size_t len);
-	int (*link)(void *ctx, dev_t dev, const char *name, char *why, size_t len);
+	int (*judge)(void *ctx, const struct tree_mount *m, const char *name, char *why,
+		size_t len);
+	int (*link)(void *ctx, const struct tree_mount *m, const char *name, char *why,
+		size_t len);
 	void *ctx;
 	bool beneath;
 	int links;

@@ -48,11 +48,12 @@
  *       later (one whose mount point unescapes to "" does not count);
  *       nothing when no hierarchy was found;
  *     - fstype's mountinfo: each line "ID PARENT MAJ:MIN ... - TYPE ..." in
- *       decimal is an entry, in order, of that device and type
+ *       decimal is an entry, in order, of that mount ID, device and type
  *       (fstype_classify_name) and of the user_id= of the super options,
  *       the last field after the source, for a FUSE type (none or not a
  *       number: a user's mount all the same), and fstype_mounts_find()
- *       answers for a device its first entry;
+ *       answers for a device its first entry, fstype_mounts_find_id() for
+ *       a mount ID its first;
  *   - a limit is decided by the first line (memory.max) or the first "KEY "
  *     line (memory.stat) and is what this file's own digit loop reads
  *     there: a decimal number below MEMLIMIT_NO_LIMIT, else 0 ("none");
@@ -408,13 +409,13 @@ oracle_uint(const char **s, unsigned *out)
  * PARENT MAJ:MIN " in decimal, and after the first " - " a type (cut to
  * 63 bytes, as fstype.c keeps it). true with them. */
 static bool
-oracle_mount(const char *line, unsigned *maj, unsigned *min, char *type)
+oracle_mount(const char *line, unsigned *id, unsigned *maj, unsigned *min, char *type)
 {
 	const char *s = line, *sep = strstr(line, " - ");
 	unsigned skip;
 	size_t n;
 
-	if (!oracle_uint(&s, &skip) || *s++ != ' ' || !oracle_uint(&s, &skip) || *s++ != ' ' ||
+	if (!oracle_uint(&s, id) || *s++ != ' ' || !oracle_uint(&s, &skip) || *s++ != ' ' ||
 		!oracle_uint(&s, maj) || *s++ != ':' || !oracle_uint(&s, min) || *s != ' ' ||
 		sep == NULL)
 		return false;
@@ -478,20 +479,21 @@ check_mount_table(const char *text, size_t len)
 	}
 	CHECK(whole.n == lines.n && whole.n <= whole.cap);
 	for (size_t i = 0; i < whole.n; i++)
-		CHECK(whole.mounts[i].dev == lines.mounts[i].dev &&
+		CHECK(whole.mounts[i].id == lines.mounts[i].id &&
+			whole.mounts[i].dev == lines.mounts[i].dev &&
 			same_fs(&whole.mounts[i].fs, &lines.mounts[i].fs));
 	/* Each line in the kernel's format is the next entry, of its device
-	 * and type; another line may be one (sscanf(3)'s leniency: blanks,
-	 * signs) or not, and is skipped as the parser's own scan says. */
+	 * ID, device and type; another line may be one (sscanf(3)'s leniency:
+	 * blanks, signs) or not, and is skipped as the parser's own scan says. */
 	lines_split(text, len, &l);
 	for (size_t i = 0; i < l.n; i++) {
-		unsigned maj, min;
+		unsigned id, maj, min;
 		char type[64];
 		struct fs_info fs;
 
-		if (oracle_mount(l.line[i], &maj, &min, type)) {
+		if (oracle_mount(l.line[i], &id, &maj, &min, type)) {
 			CHECK(k < whole.n);
-			CHECK(whole.mounts[k].dev == makedev(maj, min));
+			CHECK(whole.mounts[k].id == id && whole.mounts[k].dev == makedev(maj, min));
 			fstype_classify_name(type, &fs);
 			oracle_user(strstr(l.line[i], " - ") + 3, &fs);
 			CHECK(same_fs(&whole.mounts[k].fs, &fs));
@@ -513,6 +515,11 @@ check_mount_table(const char *text, size_t len)
 		while (whole.mounts[first].dev != m->dev)
 			first++;
 		CHECK(fstype_mounts_find(&whole, m->dev, &fs) == 0);
+		CHECK(same_fs(&fs, &whole.mounts[first].fs));
+		/* by mount ID likewise: the first entry with that ID */
+		for (first = 0; whole.mounts[first].id != m->id;)
+			first++;
+		CHECK(fstype_mounts_find_id(&whole, m->id, &fs) == 0);
 		CHECK(same_fs(&fs, &whole.mounts[first].fs));
 	}
 	lines_free(&l);

@@ -494,6 +494,52 @@ test_table_of_a_file(void **state)
 	fstype_table_free(&t);
 }
 
+/* A run's table asked by mount ID (mountinfo's first field): each line's
+ * own mount, where two lines share a device (a bind mount; a device no
+ * line lists, a btrfs subvolume's, has its mount's ID); an ID no line has
+ * is -ENOENT (a mount gone), after one reading again, once per table; a
+ * line whose ID is no number is no mount. */
+static void
+test_table_by_mount_id(void **state)
+{
+	const char *path = mountinfo(
+		"30 1 259:2 / / rw - btrfs /dev/nvme0n1p2 rw,subvolid=5\n"
+		"43 30 0:48 / /mnt/a rw - tmpfs tmpfs rw\n"
+		"44 30 0:48 / /mnt/b rw - fuse.sshfs host: rw,user_id=1000,group_id=1000\n"
+		"x5 30 0:50 / /mnt/c rw - nfs srv:/x rw\n");
+	struct fs_table t = FS_TABLE_INIT(path);
+	struct fs_mounts m = { 0 };
+	struct fs_info fs;
+
+	(void)state;
+	assert_int_equal(fstype_table_find_id(&t, 30, &fs), 0);
+	assert_string_equal(fs.name, "btrfs");
+	assert_int_equal(fstype_table_find_id(&t, 43, &fs), 0);
+	assert_string_equal(fs.name, "tmpfs");
+	assert_false(fs.user_mount);
+	/* by device, the first line with it; by ID, the mount's own */
+	assert_int_equal(fstype_table_find(&t, makedev(0, 48), &fs), 0);
+	assert_string_equal(fs.name, "tmpfs");
+	assert_int_equal(fstype_table_find_id(&t, 44, &fs), 0);
+	assert_string_equal(fs.name, "fuse");
+	assert_true(fs.user_mount && fs.mounter == 1000);
+	assert_int_equal(t.reads, 1);
+	assert_int_equal(fstype_table_find_id(&t, 45, &fs), -ENOENT);
+	assert_int_equal(fstype_table_find_id(&t, 5, &fs), -ENOENT);
+	assert_int_equal(t.reads, 2);
+	assert_int_equal(fstype_table_find(&t, makedev(0, 50), &fs), -ENOENT);
+	assert_int_equal(t.reads, 2);
+	fstype_table_free(&t);
+	/* the table read whole: the lines' IDs in order */
+	assert_int_equal(fstype_mounts_read(path, &m), 0);
+	assert_int_equal(m.n, 3);
+	assert_true(m.mounts[0].id == 30 && m.mounts[1].id == 43 && m.mounts[2].id == 44);
+	assert_int_equal(fstype_mounts_find_id(&m, 44, &fs), 0);
+	assert_int_equal(fstype_mounts_find_id(&m, 0, &fs), -ENOENT);
+	fstype_mounts_free(&m);
+	unlink(path);
+}
+
 /* Both readers of a table stop at FS_MOUNTINFO_MAX: a file past it (a
  * sparse one, zeros) is -ENOMEM, not read into memory without end (the
  * run's table always stopped there; fstype_mounts_read read on). */
@@ -509,10 +555,53 @@ test_table_over_the_cap(void **state)
 	assert_int_equal(truncate(path, (off_t)FS_MOUNTINFO_MAX + 1), 0);
 	assert_int_equal(fstype_mounts_read(path, &m), -ENOMEM);
 	assert_int_equal(m.n, 7);
-	assert_int_equal(fstype_table_find(&t, makedev(259, 2), &fs), -ENOMEM);
+	assert_int_equal(fstype_table_find_id(&t, 30, &fs), -ENOMEM);
 	assert_int_equal(t.fd, -1);
 	fstype_table_free(&t);
 	unlink(path);
+}
+
+/*
+ * A mount detached lazily (umount -l) while a descriptor holds it keeps
+ * its mount ID (statx STATX_MNT_ID of the descriptor), which the table
+ * then lists no more: -ENOENT by ID, a mount gone. By its device the table
+ * says -ENOENT too, which the walk took for a btrfs subvolume's, local
+ * (review rev208 H2). In a mount namespace of the test's own (root), on a
+ * kernel that gives mount IDs (5.8): skipped elsewhere.
+ */
+static void
+test_table_of_a_detached_mount(void **state)
+{
+	struct fs_table t = FS_TABLE_INIT("/proc/self/mountinfo");
+	char dir[] = "/tmp/test_fstype_ns.XXXXXX";
+	struct statx sx, again;
+	struct fs_info fs;
+	int fd;
+
+	(void)state;
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+		skip();
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(mount("t", dir, "tmpfs", 0, "size=1m"), 0);
+	assert_true((fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+	assert_int_equal(statx(fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &sx), 0);
+	if (!(sx.stx_mask & STATX_MNT_ID)) {
+		close(fd);
+		umount(dir);
+		rmdir(dir);
+		skip();
+	}
+	assert_int_equal(fstype_table_find_id(&t, sx.stx_mnt_id, &fs), 0);
+	assert_string_equal(fs.name, "tmpfs");
+	assert_int_equal(umount2(dir, MNT_DETACH), 0);
+	assert_int_equal(statx(fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &again), 0);
+	assert_true(again.stx_mnt_id == sx.stx_mnt_id);
+	assert_int_equal(fstype_table_find_id(&t, sx.stx_mnt_id, &fs), -ENOENT);
+	assert_int_equal(fstype_table_find(&t,
+		makedev(again.stx_dev_major, again.stx_dev_minor), &fs), -ENOENT);
+	close(fd);
+	assert_int_equal(rmdir(dir), 0);
+	fstype_table_free(&t);
 }
 
 /*
@@ -570,7 +659,9 @@ main(void)
 		cmocka_unit_test(test_failed_statfs_asks_the_mount_table),
 		cmocka_unit_test(test_table_of_a_file),
 		cmocka_unit_test(test_table_read_again_after_a_mount),
+		cmocka_unit_test(test_table_by_mount_id),
 		cmocka_unit_test(test_table_over_the_cap),
+		cmocka_unit_test(test_table_of_a_detached_mount),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -176,9 +176,9 @@ setup_fallback(void **state)
 static int dev_questions;
 
 static int
-refuse_dev(dev_t dev, char *why, size_t len)
+refuse_dev(const struct tree_mount *m, char *why, size_t len)
 {
-	(void)dev;
+	(void)m;
 	dev_questions++;
 	snprintf(why, len, "a test's device");
 	return -EXDEV;
@@ -447,17 +447,17 @@ test_interrupted(void **state)
 struct judge_log {
 	int asked;
 	bool refuse;
-	dev_t dev;
+	struct tree_mount mount;
 	char name[64];
 };
 
 static int
-judge_log(void *ctx, dev_t dev, const char *name, char *why, size_t len)
+judge_log(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	struct judge_log *j = ctx;
 
 	j->asked++;
-	j->dev = dev;
+	j->mount = *m;
 	snprintf(j->name, sizeof(j->name), "%s", name);
 	if (!j->refuse)
 		return 0;
@@ -563,6 +563,7 @@ test_walk_judges_mounts(void **state)
 	struct tree_walk kernel = { .judge = judge_log, .ctx = &j };
 	char *dir, p[PATH_MAX], q[PATH_MAX], why[128] = "";
 	int at, before;
+	struct statx sx;
 	struct stat st;
 
 	(void)state;
@@ -574,6 +575,7 @@ test_walk_judges_mounts(void **state)
 	assert_int_equal(mkdir(p, 0755), 0);
 	assert_int_equal(mount("vol", p, "tmpfs", 0, "size=1m"), 0);
 	assert_int_equal(stat(p, &st), 0);
+	assert_int_equal(statx(AT_FDCWD, p, 0, STATX_MNT_ID, &sx), 0);
 	snprintf(p, sizeof(p), "%s/vol/y", dir);
 	close(open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
 	snprintf(p, sizeof(p), "%s/tovol", dir);
@@ -583,7 +585,10 @@ test_walk_judges_mounts(void **state)
 	snprintf(q, sizeof(q), "%s/vol/y", dir);
 	walk_is(at, "vol/y", &beneath, q, 0);
 	assert_int_equal(j.asked, 1);
-	assert_true(j.dev == st.st_dev);
+	assert_true(j.mount.dev == st.st_dev);
+	/* the mount's own ID, where the kernel tells it (Linux 5.8) */
+	assert_true(j.mount.has_id == ((sx.stx_mask & STATX_MNT_ID) != 0));
+	assert_true(!j.mount.has_id || j.mount.id == sx.stx_mnt_id);
 	assert_string_equal(j.name, "vol");
 	walk_is(at, "tovol", &kernel, q, 0);
 	assert_int_equal(j.asked, 2);
