@@ -1067,8 +1067,9 @@ plain_names(const char *rest)
 }
 
 /*
- * The file path names, reached by the judged walk (mountrule_open: one
- * name at a time, nothing looked up in a user's FUSE mount) and read from
+ * The file path names, reached by the judged walk in the run w
+ * (mountrule_open: one name at a time, nothing looked up in a user's FUSE
+ * mount) and read from
  * the walk's descriptor, never by name: its real path (allocated, as
  * /proc/self/fd names it), its fstat in *st and the descriptor in *fd
  * (O_PATH; the caller closes it). NULL where the walk fails (*refused set
@@ -1076,12 +1077,12 @@ plain_names(const char *rest)
  * of memory (*refused set: the look ends).
  */
 static char *
-judged_place(const char *path, struct stat *st, int *fd, int *refused)
+judged_place(struct mountrule_walk *w, const char *path, struct stat *st, int *fd, int *refused)
 {
 	char proc[32], real[PATH_MAX], why[8], *s;
 	ssize_t n = -1;
 
-	if ((*fd = mountrule_open(NULL, path, why, sizeof(why))) < 0) {
+	if ((*fd = mountrule_open(w, path, why, sizeof(why))) < 0) {
 		*refused = *fd == -EXDEV;
 		return NULL;
 	}
@@ -1131,6 +1132,90 @@ link_text_at(int dir, const char *name, char *text, size_t size)
 	return n > 0 ? n : -1;
 }
 
+/* judged_place of the i-th directory prefix of text (the text before its
+ * slash at[i]; "/" for a slash at 0). */
+static char *
+judged_prefix(struct mountrule_walk *w, const char *text, const size_t *at, size_t i,
+	struct stat *st, int *fd, int *refused)
+{
+	char *head = at[i] == 0 ? strdup("/") : strndup(text, at[i]), *real;
+
+	if (head == NULL) {
+		*fd = -1;
+		*refused = 1; /* out of memory ends the look, as in judged_place */
+		return NULL;
+	}
+	real = judged_place(w, head, st, fd, refused);
+	free(head);
+	return real;
+}
+
+/*
+ * The deepest directory prefix of text (a path, or a link's text joined
+ * with the rest of the path) that the judged walk in the run w reaches:
+ * judged_place's, with the length of that prefix's text in *head_len; NULL
+ * where none does, or where the first one past it is refused (*refused).
+ * A prefix past one the walk does not reach is not reached either, nor
+ * one past a refused one reached (the walk goes the same way up to it):
+ * the deepest is tried first, then the rest bisected, a few walks of one
+ * run (one mount table read) where a walk per prefix, each reading the
+ * table, cost a chain of links with long missing texts minutes of a work
+ * thread (review rev210 M1).
+ */
+static char *
+deepest_place(struct mountrule_walk *w, const char *text, size_t *head_len, struct stat *st,
+	int *fd, int *refused)
+{
+	size_t n = 0, *at = malloc((strlen(text) + 1) * sizeof(*at));
+	ssize_t lo = -1, hi;
+	char *real = NULL, *got;
+	struct stat got_st;
+	int got_fd, hi_refused = 0;
+
+	*fd = -1;
+	if (at == NULL) {
+		*refused = 1;
+		return NULL;
+	}
+	for (const char *c = strchr(text, '/'); c != NULL; c = strchr(c + 1, '/'))
+		at[n++] = (size_t)(c - text);
+	hi = (ssize_t)n;
+	/* The path's own directory, most often there: one walk. */
+	if (n > 0 && (real = judged_prefix(w, text, at, n - 1, st, fd, &hi_refused)) != NULL)
+		lo = (ssize_t)n - 1;
+	else if (n > 0)
+		hi = (ssize_t)n - 1;
+	while (hi - lo > 1 && !hi_refused) {
+		ssize_t mid = lo + (hi - lo) / 2;
+		int r = 0;
+
+		if ((got = judged_prefix(w, text, at, (size_t)mid, &got_st, &got_fd, &r)) != NULL) {
+			free(real);
+			if (*fd >= 0)
+				close(*fd);
+			real = got;
+			*st = got_st;
+			*fd = got_fd;
+			lo = mid;
+		} else {
+			hi = mid;
+			hi_refused = r;
+		}
+	}
+	if (hi < (ssize_t)n && hi_refused) {
+		free(real);
+		real = NULL;
+		if (*fd >= 0)
+			close(*fd);
+		*fd = -1;
+		*refused = 1;
+	} else if (real != NULL) {
+		*head_len = at[lo];
+	}
+	free(at);
+	return real;
+}
+
 /*
  * The place path names when it does not resolve (allocated): the real path
  * of the deepest directory above it that resolves, whose owner goes in
@@ -1161,22 +1246,20 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 	char *p = path[0] == '/' ? strdup(path) : path_join(".", path), *place = NULL;
 	char *spelled = NULL;
 	struct stat spelled_st = { 0 };
+	struct mountrule_walk w;
 	size_t spelled_len = 0;
 	int refused = 0;
 
+	mountrule_walk_init(&w);
 	for (int links = 0; p != NULL && place == NULL && !refused && links <= 40; links++) {
-		char *head = strdup(p), *slash, *real = NULL, *rest = NULL, *name = NULL;
-		char *next = NULL, text[PATH_MAX];
+		char *real, *rest = NULL, *name = NULL, *next = NULL, text[PATH_MAX];
 		struct stat st;
+		size_t head_len = 0;
 		int dir = -1;
 
-		while (head != NULL && real == NULL && !refused &&
-			(slash = strrchr(head, '/')) != NULL) {
-			*slash = '\0';
-			real = judged_place(slash == head ? "/" : head, &st, &dir, &refused);
-		}
+		real = deepest_place(&w, p, &head_len, &st, &dir, &refused);
 		if (real != NULL)
-			rest = plain_names(p + strlen(head) + 1);
+			rest = plain_names(p + head_len + 1);
 		if (rest != NULL)
 			name = strndup(rest, strcspn(rest, "/"));
 		if (links == 0 && name != NULL && (spelled = path_join(real, rest)) != NULL) {
@@ -1197,10 +1280,10 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 		free(name);
 		free(rest);
 		free(real);
-		free(head);
 		free(p);
 		p = next;
 	}
+	mountrule_walk_end(&w);
 	free(p);
 	if (place == NULL && spelled != NULL) {
 		place = spelled;
