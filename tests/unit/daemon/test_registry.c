@@ -2158,7 +2158,8 @@ test_rev210_out_of_memory_in_place_of_leaves_no_descriptor(void **state)
 	assert_true(du_load(t, "c", p, PIN_NONE, 0) < 0);
 	atomic_store(&strdup_armed, 0);
 	print_message("rev210 L1: %d descriptors, %d after a load, %d after one whose strdup "
-		"of %s failed (%d)\n", before, after, open_fds(), real, atomic_load(&strdup_failed));
+		"of %s failed (%d)\n", before, after, open_fds(), real,
+		atomic_load(&strdup_failed));
 	assert_true(atomic_load(&strdup_failed));
 	assert_int_equal(open_fds() - after, after - before);
 	free(p);
@@ -3301,9 +3302,11 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_a_reload_stages_as_the_stage_key_says_now,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_rev210_out_of_memory_in_place_of_leaves_no_descriptor, setup, teardown),
+			test_rev210_out_of_memory_in_place_of_leaves_no_descriptor,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_rev210_place_of_reads_the_mount_table_once_for_a_chain, setup, teardown),
+			test_rev210_place_of_reads_the_mount_table_once_for_a_chain,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1360,8 +1360,8 @@ main(void)
 			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_current_generation_and_no_tree_waits,
 			setup, teardown),
-		cmocka_unit_test_setup_teardown(test_a_version_8_model_whose_file_was_moved_away_waits,
-			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_version_8_model_whose_file_was_moved_away_waits, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_model_not_restored_keeps_the_owner_of_its_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_a_staged_copy_not_restored_tells_no_owner,
