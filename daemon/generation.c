@@ -264,16 +264,6 @@ linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
 	return in;
 }
 
-/* tree_walk's judge for is_file_at: tree.h's rule for a mount inside a
- * model's tree (tree_mounts' mount_ok), as tree_open_file's walk judges. */
-static int
-judge_in_tree(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
-{
-	(void)ctx;
-	(void)name;
-	return tree_mounts->mount_ok(m, why, len);
-}
-
 /* rel beneath at, O_PATH, with no mount crossed unjudged (RESOLVE_NO_XDEV
  * under tree_mounts; a crossing walked again one name at a time by
  * tree_walk, each mount judged before anything on it is looked up: a link
@@ -282,7 +272,8 @@ judge_in_tree(void *ctx, const struct tree_mount *m, const char *name, char *why
 static int
 open_in_tree(int at, const char *rel)
 {
-	struct tree_walk w = { .judge = judge_in_tree, .beneath = true };
+	/* judged as tree_open_file's walk is */
+	struct tree_walk w = { .judge = tree_mounts_judge, .beneath = true };
 	unsigned long long resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
 	char why[128];
 	int fd;

@@ -465,9 +465,9 @@ out:
 	return r >= 0 || w->refused ? r : -e;
 }
 
-/* tree_walk's judge under tree_mounts: its mount_ok. */
-static int
-judge_mount(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
+int
+tree_mounts_judge(void *ctx, const struct tree_mount *m, const char *name, char *why,
+	size_t len)
 {
 	(void)ctx;
 	(void)name;
@@ -483,7 +483,7 @@ judge_mount(void *ctx, const struct tree_mount *m, const char *name, char *why, 
 static int
 walk_judged(const struct model_tree *t, const char *rel, const char *path)
 {
-	struct tree_walk w = { .judge = judge_mount, .beneath = true };
+	struct tree_walk w = { .judge = tree_mounts_judge, .beneath = true };
 	char why[128];
 	int fd = tree_walk(t->fd, rel, &w, why, sizeof(why));
 

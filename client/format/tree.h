@@ -177,6 +177,11 @@ struct tree_walk {
  * it, or judge's or link's code with w->refused set). */
 int tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len);
 
+/* A tree_walk judge (ctx and name unused): tree_mounts' mount_ok, the rule
+ * a walk beneath a model's tree is judged by (tree_mounts set). */
+int tree_mounts_judge(void *ctx, const struct tree_mount *m, const char *name, char *why,
+	size_t len);
+
 /* Set by the unit tests to exercise the fallback for kernels without
  * openat2; not for other use. */
 extern int tree_force_fallback;
