@@ -7,7 +7,10 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/statfs.h>
 #include <sys/xattr.h>
+
+#include "fstype.h"
 
 /* linux/posix_acl_xattr.h and linux/posix_acl.h: the xattr's layout. */
 #define ACL_XATTR_VERSION 2
@@ -52,6 +55,26 @@ diracl_named_write(const unsigned char *buf, size_t len, uid_t owner)
 	return named && mask != 0;
 }
 
+/*
+ * Whether path is on a network or FUSE filesystem (fstype.h), or cannot be
+ * told: one that keeps no POSIX ACL may keep an ACL of its own that the
+ * mode's bits do not show (NFSv4's, CIFS's, a FUSE server that checks
+ * permissions itself), where bob may write in a 0775 directory of its
+ * owner's private group (review rev211 M1). A local one without them
+ * (mounted noacl) lets in whom its mode says.
+ */
+static int
+remote(const char *path)
+{
+	struct statfs sf;
+	struct fs_info fs;
+
+	if (statfs(path, &sf) != 0)
+		return 1;
+	fstype_classify((unsigned long)sf.f_type, &fs);
+	return fs.remote;
+}
+
 void
 diracl_fold(int fd, const char *path, struct stat *st)
 {
@@ -65,9 +88,12 @@ diracl_fold(int fd, const char *path, struct stat *st)
 	if (fd >= 0) {
 		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 		path = proc;
+	} else if (path == NULL) { /* nothing to ask: cannot be told */
+		st->st_mode |= S_IWOTH;
+		return;
 	}
 	n = getxattr(path, "system.posix_acl_access", value, sizeof(value));
-	if (n < 0 ? errno != ENODATA && errno != ENOTSUP :
+	if (n < 0 ? errno != ENODATA && (errno != ENOTSUP || remote(path)) :
 		    diracl_named_write(value, (size_t)n, st->st_uid))
 		st->st_mode |= S_IWOTH;
 }

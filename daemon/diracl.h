@@ -28,9 +28,11 @@ int diracl_named_write(const unsigned char *buf, size_t len, uid_t owner);
  * access ACL lets a named user or group write (diracl_named_write): such a
  * directory counts as one all may write in. The ACL is read only where it
  * could change the verdict (the group may write, others may not); a
- * filesystem without ACLs, or a directory without one, leaves st as it
- * is; an error reading it (but ENODATA, ENOTSUP: none), a value past 4 KiB
- * included, counts as others writing.
+ * directory without one, or a local filesystem without POSIX ACLs, leaves
+ * st as it is; an error reading it (but ENODATA, ENOTSUP: none), a value
+ * past 4 KiB included, counts as others writing, and so does a network or
+ * FUSE filesystem without POSIX ACLs (ENOTSUP), which may keep ACLs of
+ * its own that the mode does not show (NFSv4, CIFS).
  */
 void diracl_fold(int fd, const char *path, struct stat *st);
 

@@ -237,6 +237,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			continue;
 		}
 		w->end = st; /* the path's last entry, in dir */
+		diracl_fold(fd, NULL, &w->end); /* a directory model's own (review rev211 L0) */
 		if (diracl_fstat(dir, &w->end_dir) != 0)
 			err = -errno;
 		else if (S_ISDIR(st.st_mode))

@@ -710,6 +710,7 @@ copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *pa
 		return NULL;
 	}
 	close(fd);
+	fd = -1; /* the next walk's, where it runs (review rev211 L1: closed twice) */
 	if (!S_ISDIR(st.st_mode) && (uint64_t)st.st_dev == f->origin_dev &&
 		(uint64_t)st.st_ino == f->origin_ino)
 		return real;
