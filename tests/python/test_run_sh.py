@@ -454,14 +454,17 @@ def test_run_sh_interrupted_ends_its_step(tmp_path):
     once beside 2 busy loops on 2 cores: 4 of 640; 0 of 640 with the
     builtins), the CI failure of 2026-12-07 (the step left running, run.sh
     exit 1 after the step's limit)."""
-    real = shutil.which("timeout")
-    assert real
+    real, real_sleep = shutil.which("timeout"), shutil.which("sleep")
+    assert real and real_sleep
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     step_pid = tmp_path / "step.pid"
+    # The step sleeps by the real sleep's path: the stand-in below is for
+    # run.sh's own calls (the step's exec of it, after step.pid, came once
+    # after `watching`, under load: a CI failure of the test itself).
     (bin_dir / "timeout").write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
-                                     f"\techo $$ >{step_pid}; exec sleep 100000 ;;\nesac\n"
-                                     f"exec {real} \"$@\"\n")
+                                     f"\techo $$ >{step_pid}; exec {real_sleep} 100000 ;;\n"
+                                     f"esac\nexec {real} \"$@\"\n")
     (bin_dir / "timeout").chmod(0o755)
     watching, called = tmp_path / "watching", tmp_path / "called"
     for name in ("sleep", "date"):
