@@ -902,10 +902,7 @@ renamed_in(const struct load_request *q)
 		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
 		return 0;
 	dir = path_dir(q->root);
-	open = dir == NULL || stat(dir, &up) != 0;
-	if (!open)
-		diracl_fold(-1, dir, &up);
-	open = open || others_rename_in(&up);
+	open = dir == NULL || diracl_stat(dir, &up) != 0 || others_rename_in(&up);
 	free(dir);
 	return open;
 }
@@ -3395,10 +3392,8 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 	 * directories above it as spelled too. */
 	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
 		struct stat st;
-		int found = stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+		int found = diracl_stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
 
-		if (found)
-			diracl_fold(-1, dir, &st);
 		if (found && others_rename_in(&st))
 			say_place(&p, dir, &st);
 		up = dir[0] != '\0' && strcmp(dir, "/") != 0 && !p.found ? path_dir(dir) : NULL;
