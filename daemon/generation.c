@@ -1083,8 +1083,12 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
 		gen_queue_pages(r, g, PAGE_PIN);
 	if (m != NULL && m->pending == g && !gen_attachable(g)) {
-		/* A replacement that cannot be served never becomes current. */
+		/* A replacement that cannot be served never becomes current,
+		 * and counts as a failed load: the watch's poll then looks
+		 * whether the generation it would have replaced is still on its
+		 * server (watch_poll.c check_served; review rev210 L3). */
 		m->pending = NULL;
+		m->load_errors++;
 		free(m->error);
 		m->error = strdup("the new generation failed while warming");
 	}

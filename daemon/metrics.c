@@ -231,7 +231,8 @@ static const struct {
 		"Attaches refused because the client is not in allow_users or allow_groups.",
 		v_denied },
 	{ "wcached_model_load_errors_total", "counter",
-		"Loads of the model that failed validation or could not open its files.",
+		"Loads of the model that failed (validation, its files, a refusal), and "
+		"replacements of it that failed while warming.",
 		v_load_errors },
 	{ "wcached_model_swaps_total", "counter",
 		"Generations that replaced a current one.", v_swaps },

@@ -437,6 +437,28 @@ def test_read_rate_throttles_reads_and_unthrottle_ends_it(tmp_path):
 
 # -- other users, options, errors, cleanup --------------------------------
 
+def test_bad_range_fails_the_reads_that_overlap_it(tmp_path):
+    """--bad-range 1M-2M: a read overlapping the second MiB fails with EIO,
+    the bytes before and after it read (a header and an end validate), and a
+    file shorter than 1 MiB reads whole."""
+    data = pattern(3 * MiB, 21)
+    with RemoteFS(tmp_path / "b", tmp_path / "m", bad_range=(MiB, 2 * MiB)) as fs:
+        fs.replace("big.bin", data)
+        fs.replace("small.bin", data[:MiB - 4096])
+        fs.wait_visible("small.bin")
+        with open(fs.path("small.bin"), "rb") as f:
+            assert f.read() == data[:MiB - 4096]
+        fd = os.open(fs.path("big.bin"), os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, 0) == data[:4096]
+            assert os.pread(fd, 4096, 3 * MiB - 4096) == data[-4096:]
+            with pytest.raises(OSError) as e:
+                os.pread(fd, 4096, MiB + 8192)
+            assert e.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+
+
 def run_as_test_user(*argv):
     uid, gid = parse_user(TEST_USER) if TEST_USER else (64101, 64100)
     return subprocess.run(as_user(uid, gid) + list(argv), capture_output=True, text=True,
@@ -515,6 +537,10 @@ def test_usage_and_errors(tmp_path):
          "(K, M, G: KiB, MiB, GiB), at most 1024G, not: -1 (see 'remotefs --help')"),
         (["--read-rate=2T", d, d], 2, "remotefs: --read-rate wants bytes per second "
          "(K, M, G: KiB, MiB, GiB), at most 1024G, not: 2T (see 'remotefs --help')"),
+        (["--bad-range", "2M-1M", d, d], 2, "remotefs: --bad-range wants FROM-TO, byte "
+         "offsets, FROM below TO (K, M, G: KiB, MiB, GiB), not: 2M-1M (see 'remotefs --help')"),
+        (["--bad-range=1M", d, d], 2, "remotefs: --bad-range wants FROM-TO, byte "
+         "offsets, FROM below TO (K, M, G: KiB, MiB, GiB), not: 1M (see 'remotefs --help')"),
         ([d], 2, "remotefs: missing BACKING or MOUNTPOINT (see 'remotefs --help')"),
         ([d, d, d], 2, "remotefs: too many arguments (see 'remotefs --help')"),
         ([tmp_path / "none", d], 1,

@@ -406,6 +406,31 @@ def test_a_replaced_remote_file_still_on_the_server_keeps_serving(start, tmp_pat
     assert r.returncode == 0, r.stderr
     assert "replaced or removed on fuse" not in d.read_log()
 
+@pytest.mark.parametrize("remote", [{"bad_range": (1 << 20, 2 << 20)}], indirect=True)
+def test_a_gone_generation_whose_replacement_failed_while_warming_is_no_longer_offered(
+        start, tmp_path, remote):
+    """As above, but the replacement loads (its header reads) and then fails
+    while warming (the server's disk lost its second MiB: remotefs
+    --bad-range), and nothing changes at the path after. Generation 1's file
+    is gone from the server all the same, so the next poll finds it so and
+    it is no longer offered. Review rev210 L3: a failure while warming did
+    not count as a failed load, and only a failed load let the poll check
+    the served generation: generation 1 stayed offered, a new worker given
+    it failing with a bare "Stale file handle"."""
+    path = remote_model(tmp_path, remote, layers=2, hidden=64, ffn=128, vocab=100)  # 190 KiB
+    d = start({"m": (path, {"poll_interval": "0.2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    remote.replace("m.safetensors", model_bytes(tmp_path, 2, "src2.safetensors"))  # 4 MiB
+    d.wait_for_log(r'model "m": warming generation 2 failed: Input/output error')
+    m = wait_until(lambda: (lambda e: e["state"] == "failed" and e)(model_entry(d, "m")),
+                   timeout=15, what="generation 1 no longer offered")
+    assert m["generation"] == 1, m
+    assert "m.safetensors: fstat: Stale file handle" in m["error"], m["error"]
+    r = new_worker(d, tmp_path / "src1.safetensors")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "replaced or removed on fuse by another host" in r.stderr, r.stderr
+
+
 def test_poll_cost_is_flat_in_the_number_of_models(tmp_path, remote):
     """With 1 and with 24 polled models, a remote rename of one of them is
     seen within 2 x poll_interval, and one poll costs that model the same."""

@@ -255,7 +255,9 @@ class RemoteFS:
     faster here); read_rate: bytes per second every read is throttled to
     (remotefs --read-rate; None: not throttled; throttle() and unthrottle()
     change it while mounted); flush: every close of a file on the mount
-    waits for remotefs's answer to a FLUSH (remotefs --flush); build: the
+    waits for remotefs's answer to a FLUSH (remotefs --flush); bad_range:
+    (FROM, TO), every read overlapping those bytes of a file fails with
+    EIO (remotefs --bad-range; None: none); build: the
     build directory (default $WCACHE_BUILD or <repo>/build). remotefs's
     stderr goes to the file self.log (default: a file beside mount).
 
@@ -267,7 +269,7 @@ class RemoteFS:
 
     def __init__(self, backing, mount, *, attr_timeout=1.0, stale="eio", keep_cache=False,
                  allow_other=True, options=(), read_ahead_kb=None, read_rate=None, flush=False,
-                 build=None, log=None):
+                 bad_range=None, build=None, log=None):
         self.backing = os.path.abspath(str(backing))
         self.mount = os.path.abspath(str(mount))
         self.attr_timeout = float(attr_timeout)
@@ -278,6 +280,7 @@ class RemoteFS:
         self.read_ahead_kb = read_ahead_kb
         self.read_rate = int(read_rate) if read_rate else None
         self.flush = flush
+        self.bad_range = tuple(bad_range) if bad_range else None
         self.build = build
         self.log = os.path.abspath(str(log)) if log else self.mount.rstrip("/") + ".remotefs.log"
         self.proc = None
@@ -297,6 +300,8 @@ class RemoteFS:
             cmd += ["--read-rate", str(self.read_rate)]
         if self.flush:
             cmd.append("--flush")
+        if self.bad_range:
+            cmd += ["--bad-range", "%d-%d" % self.bad_range]
         opts = (["allow_other"] if self.allow_other else []) + self.options
         if opts:
             cmd += ["-o", ",".join(opts)]

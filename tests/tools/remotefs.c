@@ -6,7 +6,7 @@
  *
  *   remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]
  *            [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]
- *            [--flush] BACKING MOUNTPOINT
+ *            [--flush] [--bad-range FROM-TO] BACKING MOUNTPOINT
  *
  * MOUNTPOINT shows the directory BACKING read-only (lookups, getattr,
  * readdir, readlink, open, read, flush, release, statfs). Files are
@@ -103,6 +103,12 @@
  * nothing to write back): stopped (SIGSTOP, RemoteFS.freeze()), it then
  * holds every close of a file on the mount until it continues.
  *
+ * A bad disk. --bad-range FROM-TO (byte offsets, each a number or with K, M
+ * or G) fails with EIO every read that overlaps bytes FROM to TO (TO not
+ * included) of any file, as a server whose disk lost those blocks does: a
+ * file shorter than FROM reads whole, and a longer one's header and end
+ * read too (it validates), while reading all of it (warming it) fails.
+ *
  * statfs passes the backing filesystem's figures through; its f_type is
  * FUSE's magic (0x65735546) whatever remotefs answers, so statfs(2) and
  * /proc/self/mountinfo ("fuse.remotefs") say "FUSE".
@@ -189,6 +195,7 @@ struct rfs {
 	enum rfs_stale stale;
 	int keep_cache;
 	int flush;	/* open without FOPEN_NOFLUSH: every close sends FLUSH */
+	uint64_t bad_from, bad_to;	/* reads overlapping these bytes fail (--bad-range) */
 	struct rfs_throttle throttle;
 	struct fuse_session *se;
 	pthread_t signal_thread;
@@ -635,6 +642,10 @@ rfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, struct fuse_
 	struct stat st;
 
 	rfs_throttle_wait(&fs->throttle, size);
+	if ((uint64_t)offset < fs->bad_to && (uint64_t)offset + size > fs->bad_from) {
+		fuse_reply_err(req, EIO);
+		return;
+	}
 	if (fs->stale != RFS_STALE_KEEP) {
 		if (fstat(fd, &st) == -1) {
 			fuse_reply_err(req, errno);
@@ -798,7 +809,7 @@ usage(FILE *out)
 	fprintf(out,
 		"usage: remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]\n"
 		"                [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]\n"
-		"                [--flush] BACKING MOUNTPOINT\n"
+		"                [--flush] [--bad-range FROM-TO] BACKING MOUNTPOINT\n"
 		"\n"
 		"Shows directory BACKING read-only at MOUNTPOINT as a network filesystem\n"
 		"would: changes made in BACKING (\"by another host\") raise no inotify event\n"
@@ -825,6 +836,9 @@ usage(FILE *out)
 		"  --flush                have every close(2) of a file on the mount send\n"
 		"                         FLUSH and wait for its answer, as gcsfuse, s3fs\n"
 		"                         and sshfs do (default: files open with noflush)\n"
+		"  --bad-range FROM-TO    fail with EIO every read that overlaps bytes FROM\n"
+		"                         to TO (TO not included) of a file (K, M, G), as a\n"
+		"                         disk that lost those blocks (default: none)\n"
 		"  -h, --help             this text\n"
 		"\n"
 		"SIGUSR1 drops the kernel's cached pages of every freed inode, mapped or\n"
@@ -870,6 +884,23 @@ parse_rate(const char *arg, uint64_t *rate)
 	if (n > (1ull << 40) >> shift)
 		return -1;
 	*rate = (uint64_t)n << shift;
+	return 0;
+}
+
+/* --bad-range's value: FROM-TO, each as parse_rate's, FROM below TO. 0 and
+ * both, or -1. */
+static int
+parse_range(const char *arg, uint64_t *from, uint64_t *to)
+{
+	char buf[64];
+	const char *dash = strchr(arg, '-');
+
+	if (dash == NULL || (size_t)(dash - arg) >= sizeof(buf))
+		return -1;
+	memcpy(buf, arg, (size_t)(dash - arg));
+	buf[dash - arg] = '\0';
+	if (parse_rate(buf, from) != 0 || parse_rate(dash + 1, to) != 0 || *from >= *to)
+		return -1;
 	return 0;
 }
 
@@ -949,6 +980,7 @@ main(int argc, char **argv)
 		{ "keep-cache", no_argument, NULL, 'k' },
 		{ "read-rate", required_argument, NULL, 'r' },
 		{ "flush", no_argument, NULL, 'F' },
+		{ "bad-range", required_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -1016,13 +1048,21 @@ main(int argc, char **argv)
 						   "KiB, MiB, GiB), at most 1024G, not", optarg);
 			}
 			break;
+		case 'b':
+			if (parse_range(optarg, &fs.bad_from, &fs.bad_to) != 0) {
+				fuse_opt_free_args(&args);
+				return usage_error("--bad-range wants FROM-TO, byte offsets, "
+					"FROM below TO (K, M, G: KiB, MiB, GiB), not", optarg);
+			}
+			break;
 		case 'h':
 			fuse_opt_free_args(&args);
 			usage(stdout);
 			return 0;
 		default:
 			fuse_opt_free_args(&args);
-			if (optopt == 'o' || optopt == 't' || optopt == 's' || optopt == 'r')
+			if (optopt == 'o' || optopt == 't' || optopt == 's' || optopt == 'r' ||
+				optopt == 'b')
 				return usage_error("option needs a value", argv[optind - 1]);
 			return usage_error("unknown option", argv[optind - 1]);
 		}
