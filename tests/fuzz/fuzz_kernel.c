@@ -27,8 +27,9 @@
  *   8 /proc/self/io              ctl_convert_io_wchar()
  *   9 $JOURNAL_STREAM's value    log_journal_stream_parse(), and
  *                                decimal_u64() of the whole
- *  10 a directory's              diracl_named_write(), for two owners
- *     system.posix_acl_access
+ *  10 a directory's              diracl_named_write(), for two owners;
+ *     system.posix_acl_access,   and diracl_nfs4_write() of the same bytes
+ *     or its system.nfs4_acl
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a cgroup, mountinfo or limit file given whole and given line by line,
@@ -79,7 +80,12 @@
  *     entries (tag, permissions: 2 bytes each; id: 4); then 1 where an
  *     entry of tag 8 (a named group), or of tag 2 (a named user) whose id
  *     is not the owner's, has the write bit (2) and the last entry of tag
- *     0x10 (the mask), if any, has it too; else 0.
+ *     0x10 (the mask), if any, has it too; else 0;
+ *   - an NFSv4 ACL value: 1 unless it is a big-endian count N, then N
+ *     ACEs of four big-endian words (type, flag, access, who's length L)
+ *     and L bytes rounded up to a multiple of 4, ending at the value's
+ *     end; then 1 where an ACE of type 0 without flag 8 has access bit
+ *     2, 4 or 0x40 and its L bytes are not "OWNER@"; else 0.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -881,6 +887,46 @@ oracle_acl(const uint8_t *b, size_t len, uint32_t owner)
 	return named && (!masked || mask_w);
 }
 
+/* The next big-endian word of b (len bytes) at *at, moving past it; false
+ * where fewer than four bytes are left. */
+static bool
+oracle_word(const uint8_t *b, size_t len, size_t *at, uint64_t *out)
+{
+	if (*at + 4 > len)
+		return false;
+	*out = 0;
+	for (int i = 0; i < 4; i++)
+		*out = *out * 256 + b[(*at)++];
+	return true;
+}
+
+/* This file's own reading of an NFSv4 ACL value (the oracle). */
+static int
+oracle_nfs4(const uint8_t *b, size_t len)
+{
+	uint64_t n, type, flag, access, who, room;
+	size_t at = 0;
+	int lets = 0;
+
+	if (!oracle_word(b, len, &at, &n))
+		return 1;
+	while (n-- > 0) {
+		if (!oracle_word(b, len, &at, &type) || !oracle_word(b, len, &at, &flag) ||
+			!oracle_word(b, len, &at, &access) || !oracle_word(b, len, &at, &who))
+			return 1;
+		room = who;
+		while (room % 4 != 0)
+			room++;
+		if (room > len - at)
+			return 1;
+		if (type == 0 && (flag & 8) == 0 && (access & 0x46) != 0 &&
+			!(who == 6 && memcmp(b + at, "OWNER@", 6) == 0))
+			lets = 1;
+		at += (size_t)room;
+	}
+	return at < len || lets;
+}
+
 static void
 check_acl(const char *text, size_t len)
 {
@@ -888,6 +934,7 @@ check_acl(const char *text, size_t len)
 
 	CHECK(diracl_named_write(b, len, 1000) == oracle_acl(b, len, 1000));
 	CHECK(diracl_named_write(b, len, 0) == oracle_acl(b, len, 0));
+	CHECK(diracl_nfs4_write(b, len) == oracle_nfs4(b, len));
 }
 
 int

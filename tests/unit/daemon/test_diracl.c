@@ -13,7 +13,13 @@
  * where it is a network or FUSE one (NFSv4 and CIFS keep ACLs of their
  * own) or statfs fails, not where it is local (review rev211 M1). And
  * registry_others_rename_on's walk folds a directory model's own
- * directory, the path's last name, too (review rev211 L0).
+ * directory, the path's last name, too (review rev211 L0). And NFS's own
+ * ACL (system.nfs4_acl, XDR, wrapped too): an ALLOW ACE that lets a who
+ * other than OWNER@ add or remove entries makes others write in a 0755
+ * directory, which the mode does not show (review rev212 M1); OWNER@'s,
+ * read-only ones, INHERIT_ONLY and DENY ACEs do not; a value that is not
+ * one, or cannot be read, fails closed; none (ENODATA, ENOTSUP: NFSv3)
+ * leaves the mode to tell.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -39,11 +45,16 @@
 
 /* getxattr and statfs as the filesystem would answer: off, the real ones;
  * on, getxattr says ENOTSUP (no POSIX ACLs there) and statfs gives magic,
- * or fails with statfs_err. */
+ * or fails with statfs_err; system.nfs4_acl's getxattr gives nfs4 (its
+ * nfs4_len bytes) where set, else fails with nfs4_err (0: ENOTSUP). */
 static struct {
 	int on;
 	unsigned long magic;
 	int statfs_err;
+	const unsigned char *nfs4;
+	size_t nfs4_len;
+	int nfs4_err;
+	int nfs4_asked;
 } fake;
 
 ssize_t __real_getxattr(const char *path, const char *name, void *value, size_t size);
@@ -56,6 +67,15 @@ __wrap_getxattr(const char *path, const char *name, void *value, size_t size)
 {
 	if (!fake.on)
 		return __real_getxattr(path, name, value, size);
+	if (strcmp(name, "system.nfs4_acl") == 0) {
+		fake.nfs4_asked++;
+		if (fake.nfs4 != NULL && fake.nfs4_len <= size) {
+			memcpy(value, fake.nfs4, fake.nfs4_len);
+			return (ssize_t)fake.nfs4_len;
+		}
+		errno = fake.nfs4 != NULL ? ERANGE : fake.nfs4_err != 0 ? fake.nfs4_err : ENOTSUP;
+		return -1;
+	}
 	errno = ENOTSUP;
 	return -1;
 }
@@ -239,6 +259,211 @@ test_no_posix_acls(void **state)
 	tu_rmtree(dir);
 }
 
+/* An NFSv4 ACL value (XDR, big-endian): ACEs added by nfs4_ace. */
+struct nfs4 {
+	unsigned char b[8192];
+	size_t len;
+};
+
+enum { ALLOW = 0, DENY = 1, INHERIT_ONLY = 0x8, FILE_INHERIT = 0x1, READ_DATA = 0x1,
+	ADD_FILE = 0x2, ADD_SUBDIRECTORY = 0x4, EXECUTE = 0x20, DELETE_CHILD = 0x40 };
+
+static void
+put_be(struct nfs4 *a, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		a->b[a->len++] = (unsigned char)(v >> (24 - 8 * i));
+}
+
+static void
+nfs4_ace(struct nfs4 *a, uint32_t type, uint32_t flag, uint32_t access, const char *who)
+{
+	size_t n = strlen(who);
+
+	put_be(a, type);
+	put_be(a, flag);
+	put_be(a, access);
+	put_be(a, (uint32_t)n);
+	memcpy(a->b + a->len, who, n);
+	memset(a->b + a->len + n, 0, (4 - n % 4) % 4);
+	a->len += (n + 3) & ~(size_t)3;
+	a->b[3]++; /* the count, below 256 here */
+}
+
+/* The ACL of a 0755 directory as a server keeps it: OWNER@ all, GROUP@
+ * and EVERYONE@ read and search. */
+static struct nfs4
+nfs4_0755(void)
+{
+	struct nfs4 a = { .len = 0 };
+
+	put_be(&a, 0);
+	nfs4_ace(&a, ALLOW, 0, READ_DATA | ADD_FILE | ADD_SUBDIRECTORY | EXECUTE | DELETE_CHILD,
+		"OWNER@");
+	nfs4_ace(&a, ALLOW, 0, READ_DATA | EXECUTE, "GROUP@");
+	nfs4_ace(&a, ALLOW, 0, READ_DATA | EXECUTE, "EVERYONE@");
+	return a;
+}
+
+static void
+test_nfs4_parser(void **state)
+{
+	struct nfs4 a = nfs4_0755(), b;
+
+	(void)state;
+	assert_int_equal(diracl_nfs4_write(a.b, a.len), 0);
+	/* bob@dom may add a file; GROUP@ a directory; EVERYONE@ delete. */
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, ADD_FILE, "bob@dom");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, ADD_SUBDIRECTORY, "GROUP@");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, DELETE_CHILD, "EVERYONE@");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	/* Only for what is made in it, not for itself; denied; audited. */
+	b = a;
+	nfs4_ace(&b, ALLOW, INHERIT_ONLY | FILE_INHERIT, ADD_FILE, "bob@dom");
+	nfs4_ace(&b, DENY, 0, ADD_FILE | DELETE_CHILD, "bob@dom");
+	nfs4_ace(&b, 2, 0, ADD_FILE, "bob@dom");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 0);
+	/* A DENY before it does not cancel an ALLOW: not weighed. */
+	nfs4_ace(&b, ALLOW, 0, ADD_FILE, "bob@dom");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	/* OWNER@ spelled otherwise is someone else. */
+	b = a;
+	b.len = 4;
+	b.b[3] = 0;
+	nfs4_ace(&b, ALLOW, 0, ADD_FILE, "OWNER");
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	/* No ACE: no one. */
+	assert_int_equal(diracl_nfs4_write((const unsigned char[]){ 0, 0, 0, 0 }, 4), 0);
+}
+
+static void
+test_nfs4_not_an_acl_fails_closed(void **state)
+{
+	struct nfs4 a = nfs4_0755(), b;
+
+	(void)state;
+	for (size_t n = 0; n < a.len; n++) /* truncated anywhere */
+		assert_int_equal(diracl_nfs4_write(a.b, n), 1);
+	b = a;
+	b.b[b.len++] = 0; /* a byte after the last ACE */
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	b.b[3] = 4; /* one ACE more than it holds */
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	b.b[0] = 0xff; /* a count past what any value holds */
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	b.b[3] = 2; /* two ACEs, then bytes after them */
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	b = a;
+	memset(b.b + 4 + 12, 0xff, 4); /* OWNER@'s who 2^32 - 1 bytes long */
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+	/* EVERYONE@'s who (at 64) 10 to 12 bytes long: within its padding;
+	 * 13: past the value's end. */
+	b = a;
+	for (unsigned char n = 10; n <= 12; n++) {
+		b.b[67] = n;
+		assert_int_equal(diracl_nfs4_write(b.b, b.len), 0);
+	}
+	b.b[67] = 13;
+	assert_int_equal(diracl_nfs4_write(b.b, b.len), 1);
+}
+
+/* diracl_fold of a directory of alice (uid 1000) of mode, on NFS without
+ * POSIX ACLs, whose NFSv4 ACL is a (or NULL: its read fails with err):
+ * its mode after. */
+static mode_t
+nfs4_fold(mode_t mode, const struct nfs4 *a, int err)
+{
+	struct stat st = { .st_mode = S_IFDIR | mode, .st_uid = 1000, .st_gid = 1000 };
+
+	fake.on = 1;
+	fake.magic = 0x6969;
+	fake.statfs_err = 0;
+	fake.nfs4 = a != NULL ? a->b : NULL;
+	fake.nfs4_len = a != NULL ? a->len : 0;
+	fake.nfs4_err = err;
+	diracl_fold(-1, "/nfs/alice/models", &st);
+	fake.on = 0;
+	fake.nfs4 = NULL;
+	fake.nfs4_err = 0;
+	return st.st_mode & 07777;
+}
+
+static void
+test_nfs4_fold(void **state)
+{
+	struct nfs4 a = nfs4_0755(), b;
+	struct stat st = { .st_mode = S_IFDIR | 0755, .st_uid = 1000 };
+
+	(void)state;
+	/* bob@dom's ALLOW ADD_FILE on alice's 0755 directory: others write
+	 * (before: 0755, never asked). */
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, ADD_FILE, "bob@dom");
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0757);
+	/* OWNER@ alone writes, GROUP@ and EVERYONE@ read: as the mode says,
+	 * 0775 too (the ACL is what the server checks). */
+	assert_int_equal(nfs4_fold(0755, &a, 0), 0755);
+	assert_int_equal(nfs4_fold(0775, &a, 0), 0775);
+	/* INHERIT_ONLY's write, a DENY's: the mode. */
+	b = a;
+	nfs4_ace(&b, ALLOW, INHERIT_ONLY | FILE_INHERIT, ADD_FILE | DELETE_CHILD, "bob@dom");
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0755);
+	b = a;
+	nfs4_ace(&b, DENY, 0, ADD_FILE | DELETE_CHILD, "bob@dom");
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0755);
+	/* A truncated value, one past 4 KiB (ERANGE), an error: others
+	 * write, 0700 too. */
+	b = a;
+	b.len--;
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0757);
+	assert_int_equal(nfs4_fold(0700, &b, 0), 0702);
+	b = a;
+	b.len = 4096 + 4;
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0757);
+	assert_int_equal(nfs4_fold(0755, NULL, EIO), 0757);
+	assert_int_equal(nfs4_fold(0755, NULL, EACCES), 0757);
+	/* No NFSv4 ACL (NFSv3, a server without them): the mode, which the
+	 * server checks; its group's write counts as others' (rev211 M1). */
+	assert_int_equal(nfs4_fold(0755, NULL, ENOTSUP), 0755);
+	assert_int_equal(nfs4_fold(0755, NULL, ENODATA), 0755);
+	assert_int_equal(nfs4_fold(0775, NULL, ENOTSUP), 0777);
+	assert_int_equal(nfs4_fold(0775, NULL, ENODATA), 0777);
+	/* statfs fails: asked as NFS is. */
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, DELETE_CHILD, "bob@dom");
+	fake.nfs4_asked = 0;
+	fake.on = 1;
+	fake.statfs_err = EIO;
+	fake.nfs4 = b.b;
+	fake.nfs4_len = b.len;
+	diracl_fold(-1, "/nfs/alice/models", &st);
+	assert_int_equal(st.st_mode & 07777, 0757);
+	assert_int_equal(fake.nfs4_asked, 1);
+	/* CIFS and FUSE as before: 0755 as it looks, nothing NFS asked. */
+	fake.statfs_err = 0;
+	fake.nfs4_asked = 0;
+	for (int i = 0; i < 2; i++) {
+		fake.magic = i == 0 ? 0xFF534D42 : 0x65735546;
+		st.st_mode = S_IFDIR | 0755;
+		diracl_fold(-1, "/mnt/share/models", &st);
+		assert_int_equal(st.st_mode & 07777, 0755);
+		st.st_mode = S_IFDIR | 0775;
+		diracl_fold(-1, "/mnt/share/models", &st);
+		assert_int_equal(st.st_mode & 07777, 0777);
+	}
+	assert_int_equal(fake.nfs4_asked, 0);
+	fake.on = 0;
+	fake.nfs4 = NULL;
+}
+
 /* registry_others_rename_on of a directory model's own directory, 0775 of
  * a user-private group (uid and gid 1: Debian's daemon), shared by
  * u:64103:rwx: the walk's last name is folded as the directories above
@@ -281,6 +506,9 @@ main(void)
 		cmocka_unit_test(test_not_an_acl_fails_closed),
 		cmocka_unit_test(test_fold_on_a_directory),
 		cmocka_unit_test(test_no_posix_acls),
+		cmocka_unit_test(test_nfs4_parser),
+		cmocka_unit_test(test_nfs4_not_an_acl_fails_closed),
+		cmocka_unit_test(test_nfs4_fold),
 		cmocka_unit_test(test_a_directory_models_own_directory_is_folded),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
