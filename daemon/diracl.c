@@ -110,6 +110,18 @@ diracl_nfs4_write(const unsigned char *buf, size_t len)
 }
 
 /*
+ * Whether a local filesystem without POSIX ACLs (ENOTSUP) lets in whom its
+ * mode says: one fstype.c knows, but ZFS, whose ENOTSUP is acltype=off or
+ * NFSv4 ACLs of its own (acltype=nfsv4, TrueNAS SCALE) alike. A filesystem
+ * it does not know ("0x...") cannot be told (review rev213 L1).
+ */
+static int
+mode_tells(const struct fs_info *fs)
+{
+	return strncmp(fs->name, "0x", 2) != 0 && strcmp(fs->name, "zfs") != 0;
+}
+
+/*
  * Whether others than the owner may write in the directory at path, on a
  * filesystem without POSIX ACLs (their read said ENOTSUP), its group
  * where group. A local one (mounted noacl) lets in whom its mode says. One
@@ -131,7 +143,7 @@ no_posix_acls(const char *path, int group, unsigned char *value, size_t size)
 
 	if (statfs(path, &sf) == 0 && (unsigned long)sf.f_type != NFS_MAGIC) {
 		fstype_classify((unsigned long)sf.f_type, &fs);
-		return fs.remote && group;
+		return group && (fs.remote || !mode_tells(&fs));
 	}
 	n = getxattr(path, "system.nfs4_acl", value, size);
 	if (n >= 0)

@@ -255,6 +255,15 @@ test_no_posix_acls(void **state)
 	fake.magic = 0xEF53; /* ext4 mounted noacl: the mode tells */
 	diracl_fold(-1, dir, &st);
 	assert_int_equal(st.st_mode & 07777, 0775);
+	/* One fstype.c does not know, and ZFS (acltype=off, or NFSv4 ACLs of
+	 * its own): cannot be told (review rev213 L1). */
+	fake.magic = 0x786f4256; /* vboxsf */
+	diracl_fold(-1, dir, &st);
+	assert_true((st.st_mode & S_IWOTH) != 0);
+	assert_int_equal(stat(dir, &st), 0);
+	fake.magic = 0x2FC12FC1; /* zfs */
+	diracl_fold(-1, dir, &st);
+	assert_true((st.st_mode & S_IWOTH) != 0);
 	fake.on = 0;
 	tu_rmtree(dir);
 }
