@@ -681,32 +681,59 @@ stored_file_at_path(struct restore_prepared *p, struct mountrule_walk *w, const 
 	return real;
 }
 
+/* p->tree_why for copy_origin: the origin is not at path, because why. */
+static void
+origin_gone(struct restore_prepared *p, const char *path, const char *why)
+{
+	snprintf(p->tree_why, sizeof(p->tree_why), "its staged copy's origin is no longer at "
+		"%.300s (%.600s)", path, why);
+}
+
+/* Why the judged walk found no file (fd: mountrule_open's -errno): its own
+ * line where it refused a step (-EXDEV: a user's FUSE mount on the way, a
+ * link on one...), else errno's (a name missing). */
+static const char *
+walk_why(int fd, const char *why)
+{
+	return fd == -EXDEV ? why : strerror(-fd);
+}
+
 /*
  * Where the staged copy p->fds[0] was copied from, if the model's path,
  * walked in the run w, still leads to that very file (the device and
  * inode the description records for its origin): the real path of the
  * file the path names, or of the one of the copy's name in the directory
  * it names, allocated; NULL when neither is the origin (or it was not
- * recorded: version 3), p->tree_why saying so. Nothing is looked up by
- * name (review rev210 H1).
+ * recorded: version 3), p->tree_why saying so, and why: the walk's own
+ * reason where it was refused or found nothing (review rev211 L3).
+ * Nothing is looked up by name (review rev210 H1).
  */
 static char *
 copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *path)
 {
 	const struct fdstore_file *f = &p->g->files[0];
 	char buf[PATH_MAX], why[MOUNTRULE_WHY], *real = NULL, *dir = NULL, *at = NULL;
+	char *real_at = NULL;
 	const char *name;
 	struct stat st;
-	int fd = -1;
+	int fd;
 
-	snprintf(p->tree_why, sizeof(p->tree_why), "its staged copy's origin is no longer at %s",
-		path);
-	if ((f->origin_dev == 0 && f->origin_ino == 0) ||
-		fd_path(p->fds[0], buf, sizeof(buf)) < 0 || (name = strrchr(buf, '/')) == NULL ||
-		(fd = mountrule_open(w, path, why, sizeof(why))) < 0 || fstat(fd, &st) != 0 ||
-		(real = walked_path(fd)) == NULL) {
-		if (fd >= 0)
-			close(fd);
+	if (f->origin_dev == 0 && f->origin_ino == 0) {
+		origin_gone(p, path, "the description does not say which file the copy was "
+			"copied from: stored by an older wcached");
+		return NULL;
+	}
+	if (fd_path(p->fds[0], buf, sizeof(buf)) < 0 || (name = strrchr(buf, '/')) == NULL) {
+		origin_gone(p, path, "the copy's own name cannot be told");
+		return NULL;
+	}
+	if ((fd = mountrule_open(w, path, why, sizeof(why))) < 0) {
+		origin_gone(p, path, walk_why(fd, why));
+		return NULL;
+	}
+	if (fstat(fd, &st) != 0 || (real = walked_path(fd)) == NULL) {
+		origin_gone(p, path, "the file it leads to cannot be told");
+		close(fd);
 		return NULL;
 	}
 	close(fd);
@@ -715,22 +742,24 @@ copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *pa
 		(uint64_t)st.st_ino == f->origin_ino)
 		return real;
 	dir = S_ISDIR(st.st_mode) ? real : path_dir(real);
-	if (dir != NULL && (at = path_join(dir, name + 1)) != NULL &&
-		((fd = mountrule_open(w, at, why, sizeof(why))) < 0 || fstat(fd, &st) != 0 ||
-			!S_ISREG(st.st_mode) || (uint64_t)st.st_dev != f->origin_dev ||
-			(uint64_t)st.st_ino != f->origin_ino)) {
-		free(at);
-		at = NULL;
-	} else if (at != NULL) {
-		free(at);
-		at = walked_path(fd);
-	}
+	if (dir == NULL || (at = path_join(dir, name + 1)) == NULL)
+		origin_gone(p, path, strerror(ENOMEM));
+	else if ((fd = mountrule_open(w, at, why, sizeof(why))) < 0)
+		origin_gone(p, at, walk_why(fd, why));
+	else if (fstat(fd, &st) != 0)
+		origin_gone(p, at, "the file it leads to cannot be told");
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_dev != f->origin_dev ||
+		(uint64_t)st.st_ino != f->origin_ino)
+		origin_gone(p, at, "another file is there");
+	else if ((real_at = walked_path(fd)) == NULL)
+		origin_gone(p, at, "its real path cannot be told");
 	if (fd >= 0)
 		close(fd);
+	free(at);
 	if (dir != real)
 		free(dir);
 	free(real);
-	return at;
+	return real_at;
 }
 
 void

@@ -457,3 +457,56 @@ def test_the_upgrade_restart_takes_no_tree_from_a_stored_file_a_neighbour_moved_
         d.stop()
         mgr.close()
     assert status == 0, d.read_log()
+
+
+@pytest.mark.parametrize("what", ["nothing", "his_file", "his_proc_link"])
+def test_the_upgrade_restart_says_why_a_staged_copys_origin_is_not_at_its_path(tmp_path, what):
+    """rev211 L3: alice's one-file model straight in a shared sticky place
+    (1777), staged (stage = yes). The restart is the upgrade (a store
+    before format version 9: no tree recorded). While wcached restarts she
+    removes her file, and bob makes nothing, or his link, at its name: to
+    his own file in his directory bobdir there, or by /proc/self/root to
+    it. The staged copy's origin is not where the model's path leads: the
+    model waits for `wcachectl reload llama`, and its line said "its staged
+    copy's origin is no longer at PATH" and no more; now it says why too,
+    as the judged walk found it: no such file, another file is there, or
+    the walk's own refusal (a link on /proc)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    llama = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    os.chown(llama, ALICE_UID, GROUP)
+    as_bob("mkdir -m 0755 bobdir && cp llama.safetensors bobdir/ && "
+           "chmod 644 bobdir/llama.safetensors", shared)
+    bobs = os.path.join(shared, "bobdir", "llama.safetensors")
+    staged = os.path.join(str(tmp_path), "staged")
+    os.makedirs(staged)
+    os.chown(staged, DAEMON_UID, WCACHED_GID)
+    os.chmod(staged, 0o700)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": (llama, {"stage": "yes"})}, extra="stage_dir = %s\n" % staged,
+               user=USER, nofile=1024)
+    status = None
+    try:
+        start(d, mgr, user=USER)
+        stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        untreed(mgr)
+        as_alice("rm llama.safetensors", shared)
+        if what == "his_file":
+            as_bob("ln -s bobdir/llama.safetensors llama.safetensors", shared)
+        elif what == "his_proc_link":
+            as_bob("ln -s /proc/self/root%s llama.safetensors" % bobs, shared)
+        time.sleep(0.3)
+        start(d, mgr, *mgr.listen_fds(), user=USER)
+        _, line = d.wait_for_log(r'model "llama": (not restored: .*wcachectl reload llama|'
+                                 r'generation \d+ from)', timeout=60)
+        said = {"nothing": "no longer at %s (No such file or directory)" % llama,
+                "his_file": "no longer at %s (another file is there)" % bobs,
+                "his_proc_link": "no longer at %s (%s: self is a link on /proc " % (llama, llama)}
+        assert "its staged copy's origin is " + said[what] in line, line
+        assert "waits_for_reload" in model_entry(d, "llama"), model_entry(d, "llama")
+        status = d.stop()
+    finally:
+        d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
