@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "closer.h"
 #include "log.h"
 #include "registry_internal.h"
@@ -488,6 +489,58 @@ registry_add_generation(struct registry *r, struct model_entry *m, struct genera
 		r->changed(r);
 }
 
+/*
+ * What a watched reload keeps of g's files (registry_load.c's keep_tree:
+ * each file's owner and identity, its origin's for a staged copy, and its
+ * shard index's where g read one), into m's operator_tree.kept, as a warm
+ * restart keeps a stored generation's (registry_keep_tree): once g is
+ * withdrawn, only the reload registry_withdraw queues keeps g itself, and
+ * every later one is judged against operator_tree. An operator's reload
+ * that failed while g served left it with no owner kept: a neighbour's
+ * file made at a one-file model's name in a sticky 1777 place, once its
+ * owner's was gone, was taken (review rev210 L2). 0, or -ENOMEM: then
+ * operator_tree is left as it was (its owners untold where an operator's
+ * load found a tree and failed, take_operator_tree; none kept where no
+ * load of the operator's found one, and its reloads wait for hers).
+ */
+static int
+keep_withdrawn_files(struct model_entry *m, const struct generation *g)
+{
+	const struct model_source *src = &g->source;
+	int index = src->format == FORMAT_SHARDED && g->origin == NULL &&
+		src->index_st.st_ino != 0;
+	size_t n = src->nfiles + (index ? 1 : 0);
+	struct registry_kept_files kept = { .nfiles = n };
+	char *dir;
+
+	if (n == 0)
+		return 0;
+	if ((kept.owners = calloc(n, sizeof(*kept.owners))) == NULL ||
+		(kept.ids = calloc(n, sizeof(*kept.ids))) == NULL) {
+		registry_kept_clear(&kept);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct stat *st = i == src->nfiles ? &src->index_st :
+			g->origin != NULL ? &g->origin[i].st : &src->files[i].st;
+
+		kept.owners[i] = st->st_uid;
+		kept.ids[i] = (struct registry_file_id){ .dev = st->st_dev, .ino = st->st_ino };
+	}
+	/* Its path named a file straight in its tree (keep_tree's
+	 * keep_named_file). */
+	if (g->resolved_path != NULL && g->tree_root != NULL &&
+		(dir = path_dir(g->resolved_path)) != NULL) {
+		kept.named_file = strcmp(dir, g->tree_root) == 0 &&
+			strcmp(g->resolved_path, g->tree_root) != 0;
+		free(dir);
+	}
+	registry_kept_clear(&m->operator_tree.kept);
+	m->operator_tree.kept = kept;
+	m->operator_tree.owners_untold = 0;
+	return 0;
+}
+
 void
 registry_withdraw(struct registry *r, struct model_entry *m, const char *why)
 {
@@ -496,6 +549,9 @@ registry_withdraw(struct registry *r, struct model_entry *m, const char *why)
 	 * a load in progress keeps that one's. */
 	int err = registry_reload_watched(r, m->name, NULL, NULL);
 
+	if (m->current != NULL && keep_withdrawn_files(m, m->current) < 0)
+		log_errorx("model \"%s\": out of memory: the owners of its withdrawn "
+			"generation's files are not kept for its reloads after the next", m->name);
 	m->current = NULL;
 	m->load_errors++;
 	free(m->error);

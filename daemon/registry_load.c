@@ -2319,11 +2319,15 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	m->operator_tree.place_dir_len = q->found_place_dir_len;
 	m->operator_tree.root_known = 0; /* a warm restart's record is superseded */
 	registry_kept_clear(&m->operator_tree.kept);
-	/* A tree found (not a place) with nothing serving: the load found
-	 * files there but failed, and whose they were tells nothing of
-	 * whose a later file at its path is (review rev209 H1). */
-	m->operator_tree.owners_untold = q->found_root != NULL && q->found_place == NULL &&
-		m->current == NULL ? OWNERS_UNTOLD_FAILED_LOAD : 0;
+	/* A tree found (not a place): where the load failed, it found files
+	 * there, and whose they were tells nothing of whose a later file at
+	 * its path is (review rev209 H1). So too while a generation serves:
+	 * operator_tree is read only once none does, and a withdrawn
+	 * generation's owners are kept then (registry_withdraw; this where
+	 * they could not be: review rev210 L2). A load that succeeded made
+	 * the generation newest, which a watched reload keeps instead. */
+	m->operator_tree.owners_untold = q->found_root != NULL && q->found_place == NULL ?
+		OWNERS_UNTOLD_FAILED_LOAD : 0;
 	q->found_root = NULL;
 	q->found_place = NULL;
 }

@@ -1837,6 +1837,68 @@ rev191_file_in_srv(struct du *t, const char *mode, unsigned owner, char **a,
 	return llama_loaded(t, "srv/m.safetensors", g1);
 }
 
+/* Whether name's loads in flight all ended. */
+static bool
+rev210_no_load(struct du *t, void *arg)
+{
+	const struct model_entry *m = registry_find(&t->reg, arg);
+
+	return m == NULL || m->loading == 0;
+}
+
+/*
+ * rev210 L2: alice's one-file model straight in a shared sticky place
+ * (srv, root's, 1777). The operator's reload fails while generation 1
+ * serves (a damaged file at its name: it found the tree); then generation
+ * 1 is withdrawn (as a restored one that failed its full check is), and
+ * the reload the withdrawal queues, which keeps generation 1's files,
+ * fails too. Her file gone, bob makes his at its name: the next watched
+ * reload was judged against the tree the operator's failed load found,
+ * owners told and none kept, and took his file. Now that load's owners are
+ * untold, and the withdrawn generation's are kept: his file waits.
+ */
+static void
+test_rev210_a_withdrawn_generations_owners_outlive_its_reload(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *p, cmd[8192];
+	struct generation *g1;
+	struct model_entry *m;
+	struct stat st;
+	int status;
+
+	p = rev191_file_in_srv(t, "1777", 23456, &a, &g1);
+	assert_int_equal(stat(a, &st), 0);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && mv m.safetensors m.old && printf junk > "
+		"m.safetensors && chown 23456:23456 m.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(du_reload(t, "llama") < 0);
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	m = registry_find(&t->reg, "llama");
+	assert_non_null(m->operator_tree.root);
+	assert_int_equal(m->operator_tree.owners_untold, OWNERS_UNTOLD_FAILED_LOAD);
+	registry_withdraw(&t->reg, m, "test: withdrawn");
+	assert_null(m->current);
+	assert_int_equal(m->operator_tree.kept.nfiles, 1);
+	assert_int_equal(m->operator_tree.kept.owners[0], 23456);
+	assert_int_equal(m->operator_tree.kept.ids[0].ino, st.st_ino);
+	assert_true(m->operator_tree.kept.named_file);
+	du_run_until(t, rev210_no_load, "llama");
+	assert_null(registry_find(&t->reg, "llama")->current); /* the junk failed */
+	b = du_model(t, "bob.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "chown 12345:12345 %s && rm %s && mv %s %s", b, a, b, a);
+	assert_int_equal(system(cmd), 0);
+	status = r180_watched(t, "llama");
+	m = registry_find(&t->reg, "llama");
+	print_message("rev210 L2: status %d (%s)\n", status, t->message);
+	assert_int_equal(status, -EXDEV);
+	assert_null(m->current); /* else bob's file is "llama" */
+	assert_non_null(strstr(t->message, "now owned by uid 12345 (was uid 23456)"));
+	free(a);
+	free(b);
+	free(p);
+}
+
 /*
  * rev191 F3: a one-file model in root's own directory srv (0755: no one
  * else may make a file there), its file a download user's (23456). root
@@ -3212,6 +3274,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_in_shared_dir_new_owner,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev210_a_withdrawn_generations_owners_outlive_its_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_shard_renamed_in_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_hard_link_refused, setup,
