@@ -164,12 +164,24 @@ mount_ok(struct fs_table *t, const struct tree_mount *m, char *on, size_t len)
  * mounts; 75 s when each read the table). */
 #define WALK_CROSSINGS 64
 
-/* What a walk's judge is given: the run's table, the path walked, and the
- * mounts the walk crossed so far. */
+/* What a walk of a path carries from its directory's walk to that of its
+ * last name (open_in): the links followed and the mounts crossed so far,
+ * so that the two walks are bounded as the whole path's walk is. */
+struct carried {
+	int links;
+	int crossings;
+};
+
+/* What a walk's judge is given: the run (its table and budget), the path
+ * walked, the mounts the walk crossed so far, and the walk itself with
+ * the links it had followed before it began (the run's links are charged
+ * by link_ok as the walk goes). */
 struct judged {
-	struct fs_table *table;
+	struct mountrule_walk *run;
 	const char *path;
 	int crossings;
+	const struct tree_walk *walk;
+	int links_before;
 };
 
 /* tree_walk's judge for a model's path: a mount crossed is walked onto
@@ -188,7 +200,7 @@ judge(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t
 			name, WALK_CROSSINGS);
 		return -EXDEV;
 	}
-	r = mount_ok(j->table, m, on, sizeof(on));
+	r = mount_ok(&j->run->table, m, on, sizeof(on));
 	if (r == -EXDEV)
 		snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
 			"neighbour's server may never answer)", j->path, name, on);
@@ -207,16 +219,26 @@ judge(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t
  * path would ask his server (review rev207 H3). /proc's own text links
  * (/proc/self) cannot be told from them without following them: a model's
  * path through /proc, /dev/fd or /dev/stdin is refused with them. A table
- * that cannot be read refuses the link too.
+ * that cannot be read refuses the link too, and a run whose budget of
+ * links it would pass ends there (-ELOOP, spent).
  */
 static int
 link_ok(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t len)
 {
 	const struct judged *j = ctx;
+	struct mountrule_walk *run = j->run;
 	struct fs_info fs;
 	char on[160];
-	int r = mount_find(j->table, m, &fs, on, sizeof(on));
+	int r;
 
+	if (run->max_links > 0 &&
+		run->links + (j->walk->links - j->links_before) >= run->max_links) {
+		run->spent = true;
+		snprintf(why, len, "%s: %s: the run of walks would follow more than %d links: "
+			"wcached walks no further", j->path, name, run->max_links);
+		return -ELOOP;
+	}
+	r = mount_find(&run->table, m, &fs, on, sizeof(on));
 	if (r == 0 && strcmp(fs.name, "proc") != 0)
 		return 0;
 	if (r < 0)
@@ -232,17 +254,27 @@ link_ok(void *ctx, const struct tree_mount *m, const char *name, char *why, size
 }
 
 /* The walk (tree_walk, as the kernel walks, judged) of the path's text
- * (n bytes) from cur (owned), *links links followed before (and after):
- * the descriptor, or -errno (-EXDEV with why). */
+ * (n bytes) from cur (owned) in the run w, with what *c carried before
+ * (and after): the descriptor, or -errno (-EXDEV with why; -ELOOP past
+ * the run's budget, spent set, or at once where it was spent before). */
 static int
-walk_text(struct fs_table *t, const char *text, size_t n, int cur, int *links,
+walk_text(struct mountrule_walk *w, const char *text, size_t n, int cur, struct carried *c,
 	const char *path, char *why, size_t len)
 {
-	struct judged j = { t, path, 0 };
-	struct tree_walk w = { .judge = judge, .link = link_ok, .ctx = &j, .links = *links };
+	struct judged j = { w, path, c->crossings, NULL, c->links };
+	struct tree_walk t = { .judge = judge, .link = link_ok, .ctx = &j, .links = c->links };
 	char *copy;
 	int r;
 
+	j.walk = &t;
+	if (w->max_steps > 0 && w->steps >= w->max_steps)
+		w->spent = true;
+	if (w->spent) {
+		close(cur);
+		snprintf(why, len, "%s: the run of walks looked up %ld names and followed %d links "
+			"in all: wcached walks no further", path, w->steps, w->links);
+		return -ELOOP;
+	}
 	if (n >= PATH_MAX) {
 		close(cur);
 		return -ENAMETOOLONG;
@@ -251,8 +283,17 @@ walk_text(struct fs_table *t, const char *text, size_t n, int cur, int *links,
 		close(cur);
 		return -ENOMEM;
 	}
-	r = tree_walk(cur, copy, &w, why, len);
-	*links = w.links;
+	t.max_steps = w->max_steps > 0 ? w->max_steps - w->steps : 0;
+	r = tree_walk(cur, copy, &t, why, len);
+	w->steps += t.steps;
+	w->links += t.links - c->links;
+	if (r == -ELOOP && t.max_steps > 0 && t.steps >= t.max_steps) {
+		w->spent = true;
+		snprintf(why, len, "%s: the run of walks would look up more than %ld names: "
+			"wcached walks no further", path, w->max_steps);
+	}
+	c->links = t.links;
+	c->crossings = j.crossings;
 	free(copy);
 	close(cur);
 	return r;
@@ -286,16 +327,17 @@ mountrule_walk_end(struct mountrule_walk *w)
 	w->dir = NULL;
 	w->dir_fd = -1;
 	w->dir_links = 0;
+	w->dir_crossings = 0;
 }
 
 /*
  * The directory of path (its text before the last '/', dlen bytes),
  * walked from the start, or from w's when it is that one: its descriptor
- * (owned), *links the links followed to reach it; or -errno. A directory
- * walked to becomes w's.
+ * (owned), *c the links followed and the mounts crossed to reach it; or
+ * -errno. A directory walked to becomes w's.
  */
 static int
-dir_of(struct mountrule_walk *w, const char *path, size_t dlen, int *links, char *why,
+dir_of(struct mountrule_walk *w, const char *path, size_t dlen, struct carried *c, char *why,
 	size_t len)
 {
 	const char *text = dlen > 0 ? path : "/";
@@ -305,12 +347,12 @@ dir_of(struct mountrule_walk *w, const char *path, size_t dlen, int *links, char
 	int fd, dup;
 
 	if (w->dir != NULL && strlen(w->dir) == n && memcmp(w->dir, text, n) == 0) {
-		*links = w->dir_links;
+		*c = (struct carried){ w->dir_links, w->dir_crossings };
 		fd = fcntl(w->dir_fd, F_DUPFD_CLOEXEC, 0);
 		return fd < 0 ? -errno : fd;
 	}
 	if ((fd = start_of(path)) < 0 ||
-		(fd = walk_text(&w->table, text, n, fd, links, path, why, len)) < 0)
+		(fd = walk_text(w, text, n, fd, c, path, why, len)) < 0)
 		return fd;
 	if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && (copy = strndup(text, n)) != NULL) {
 		if ((dup = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0) {
@@ -322,36 +364,41 @@ dir_of(struct mountrule_walk *w, const char *path, size_t dlen, int *links, char
 		free(w->dir);
 		w->dir = copy;
 		w->dir_fd = dup;
-		w->dir_links = *links;
+		w->dir_links = c->links;
+		w->dir_crossings = c->crossings;
 	}
 	return fd;
 }
 
 /* mountrule_open in the run w: path's directory (w's, or walked and made
- * w's), then its last name from there; a path with no directory, or whose
- * last name is "", "." or "..", is walked whole. */
+ * w's), then its last name from there, with the links and crossings of
+ * the way to the directory carried (40 and 64 for the whole path, as its
+ * walk of its own has); a path with no directory, or whose last name is
+ * "", "." or "..", is walked whole. */
 static int
 open_in(struct mountrule_walk *w, const char *path, char *why, size_t len)
 {
 	const char *slash = strrchr(path, '/'), *base = slash != NULL ? slash + 1 : path;
-	int links = 0, fd;
+	struct carried c = { 0, 0 };
+	int fd;
 
 	if (strlen(path) >= PATH_MAX)
 		return -ENAMETOOLONG;
 	if (slash == NULL || base[0] == '\0' || strcmp(base, ".") == 0 || strcmp(base, "..") == 0)
 		return (fd = start_of(path)) < 0 ? fd :
-			walk_text(&w->table, path, strlen(path), fd, &links, path, why, len);
-	if ((fd = dir_of(w, path, (size_t)(slash - path), &links, why, len)) < 0)
+			walk_text(w, path, strlen(path), fd, &c, path, why, len);
+	if ((fd = dir_of(w, path, (size_t)(slash - path), &c, why, len)) < 0)
 		return fd;
-	return walk_text(&w->table, base, strlen(base), fd, &links, path, why, len);
+	return walk_text(w, base, strlen(base), fd, &c, path, why, len);
 }
 
 int
 mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len)
 {
 	struct mountrule_walk own;
-	int links = 0, r;
+	struct carried c = { 0, 0 };
 	char none[8];
+	int r;
 
 	if (why == NULL || len == 0) {
 		why = none;
@@ -362,7 +409,7 @@ mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len
 	/* A walk of its own: the whole path from the start. */
 	mountrule_walk_init(&own);
 	if ((r = start_of(path)) >= 0)
-		r = walk_text(&own.table, path, strlen(path), r, &links, path, why, len);
+		r = walk_text(&own, path, strlen(path), r, &c, path, why, len);
 	mountrule_walk_end(&own);
 	return r;
 }

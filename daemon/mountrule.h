@@ -18,6 +18,7 @@
 #ifndef WC_MOUNTRULE_H
 #define WC_MOUNTRULE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/stat.h>
 
@@ -33,16 +34,30 @@
  * 163 times). That directory was judged when it was walked to; what is
  * walked from it is judged as ever. Not for paths whose directory must be
  * looked at afresh (a second look after a change): a new run for those.
+ *
+ * A run may have a budget (max_steps, max_links; 0: none), for a look
+ * made of many walks (an operator's load's look at the place its path
+ * names): the names its walks look up (each an openat and a statx) and
+ * the links they follow are counted across all of them, and a walk that
+ * would go past either ends with -ELOOP, spent set, as does every walk of
+ * the run after it (review rev212 M2: a neighbour's links made one look
+ * minutes of walks, each within its own 40 links).
  */
 struct mountrule_walk {
 	struct fs_table table;
 	char *dir;    /* the last directory walked to, as the path named it, or NULL */
 	int dir_fd;   /* its O_PATH descriptor, -1 */
 	int dir_links; /* the links followed on the way to it */
+	int dir_crossings; /* the mounts crossed on the way to it */
+	long steps;     /* the names the run's walks looked up, in all */
+	int links;      /* the links they followed, in all */
+	long max_steps; /* the budget: 0, or the most steps */
+	int max_links;  /* 0, or the most links */
+	bool spent;     /* a walk went past the budget: the run walks no more */
 };
 
-/* An empty run; mountrule_walk_end() ends one (closes and frees what it
- * holds; safe twice). */
+/* An empty run, with no budget; mountrule_walk_end() ends one (closes and
+ * frees what it holds; safe twice). */
 void mountrule_walk_init(struct mountrule_walk *w);
 void mountrule_walk_end(struct mountrule_walk *w);
 
@@ -58,17 +73,20 @@ void mountrule_walk_end(struct mountrule_walk *w);
  * its server may never answer): each mount crossed is judged from its
  * mount ID (statx AT_STATX_DONT_SYNC of the walk's own descriptor: no
  * server asked; its device on kernels before 5.8) and the mount table
- * before anything on it is looked up (review rev205 H1, H2). root's own
- * FUSE and network mounts, and wcached's user's, are walked as stat(2)
- * walks them.
+ * before anything on it is looked up (review rev205 H1, H2), at most 64
+ * of them (mountrule.c's WALK_CROSSINGS) for the whole path, in a run as
+ * on its own (the run's walk to its directory and that of its last name
+ * count together: review rev212 L1). root's own FUSE and network mounts,
+ * and wcached's user's, are walked as stat(2) walks them.
  * mountrule_open: an O_PATH descriptor of what path names; -EXDEV with
  * why set (one line naming the path, the name on the mount, the mount and
  * the reason) where a user's FUSE mount is met; else -errno as open(2)
  * would fail, or the walk's own (above; a mount table that cannot be
- * read). The load, --check, the poll, the watch (its arming and its
- * stat), an operator's load's look at the place (place_of) and the restore
- * checks take any error as the answer and look the path up by name no
- * further: what the walk did not reach it did not judge (review rev207
+ * read; -ELOOP past the run's budget). The load, --check, the poll, the
+ * watch (its arming and its stat), an operator's load's look at the place
+ * (place_of) and the restore checks take any error as the answer and look
+ * the path up by name no further: what the walk did not reach it did not
+ * judge (review rev207
  * H2, rev208 H1, H3). A mount whose ID the mount table does not list is
  * refused: it is gone, unmounted or detached (umount -l) since the walk
  * stepped onto it (rev208 H2). w: the run it is part of, or NULL for a

@@ -1063,45 +1063,54 @@ plain_names(const char *rest)
 	return NULL;
 }
 
+/* What the judged walk of one directory prefix in place_of's look found. */
+enum place_seen {
+	PLACE_NOT_REACHED, /* the walk failed: nor is any prefix past it reached */
+	PLACE_NAMED,       /* reached, its real path read from the descriptor */
+	PLACE_UNNAMED,     /* reached, but its real path cannot be read (4096 bytes or
+			    * more, or deleted): a place that cannot be told */
+	PLACE_ENDED,       /* the look ends: the walk refused a user's FUSE mount
+			    * (-EXDEV), the look's budget is spent, or out of memory */
+};
+
 /*
  * The file path names, reached by the judged walk in the run w
  * (mountrule_open: one name at a time, nothing looked up in a user's FUSE
- * mount) and read from
- * the walk's descriptor, never by name: its real path (allocated, as
- * /proc/self/fd names it), its fstat in *st and the descriptor in *fd
- * (O_PATH; the caller closes it). NULL where the walk fails (*refused set
- * where it refused a user's FUSE mount, -EXDEV), the file is gone, or out
- * of memory (*refused set: the look ends).
+ * mount) and read from the walk's descriptor, never by name: PLACE_NAMED
+ * with its real path in *real (allocated, as /proc/self/fd names it), its
+ * fstat in *st and the descriptor in *fd (O_PATH; the caller closes it);
+ * else the other place_seen, *real NULL and *fd -1. A file reached whose
+ * name cannot be read is no file not reached: a prefix past it may be
+ * reached ("X/.." where X's real path is too long; review rev212 L2).
  */
-static char *
-judged_place(struct mountrule_walk *w, const char *path, struct stat *st, int *fd, int *refused)
+static enum place_seen
+judged_place(struct mountrule_walk *w, const char *path, struct stat *st, int *fd, char **real)
 {
-	char proc[32], real[PATH_MAX], why[8], *s;
+	char proc[32], name[PATH_MAX], why[8];
 	ssize_t n = -1;
+	int told;
 
+	*real = NULL;
 	if ((*fd = mountrule_open(w, path, why, sizeof(why))) < 0) {
-		*refused = *fd == -EXDEV;
-		return NULL;
+		enum place_seen seen = *fd == -EXDEV || w->spent ? PLACE_ENDED : PLACE_NOT_REACHED;
+
+		*fd = -1;
+		return seen;
 	}
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", *fd);
 	if (diracl_fstat(*fd, st) == 0)
-		n = readlink(proc, real, sizeof(real) - 1);
+		n = readlink(proc, name, sizeof(name) - 1);
 	if (n > 0)
-		real[n] = '\0';
-	if (n <= 0 || real[0] != '/' || (st->st_nlink == 0 && strstr(real, " (deleted)"))) {
-		close(*fd);
-		*fd = -1;
-		return NULL;
-	}
+		name[n] = '\0';
+	told = n > 0 && name[0] == '/' && !(st->st_nlink == 0 && strstr(name, " (deleted)"));
+	if (told && (*real = strdup(name)) != NULL)
+		return PLACE_NAMED;
+	close(*fd);
+	*fd = -1;
 	/* Out of memory ends the look, as a refusal does: not the parent
 	 * judged in the directory's place, nor the descriptor left open
 	 * (review rev210 L1). */
-	if ((s = strdup(real)) == NULL) {
-		close(*fd);
-		*fd = -1;
-		*refused = 1;
-	}
-	return s;
+	return told ? PLACE_ENDED : PLACE_UNNAMED;
 }
 
 /*
@@ -1131,43 +1140,46 @@ link_text_at(int dir, const char *name, char *text, size_t size)
 
 /* judged_place of the i-th directory prefix of text (the text before its
  * slash at[i]; "/" for a slash at 0). */
-static char *
+static enum place_seen
 judged_prefix(struct mountrule_walk *w, const char *text, const size_t *at, size_t i,
-	struct stat *st, int *fd, int *refused)
+	struct stat *st, int *fd, char **real)
 {
-	char *head = at[i] == 0 ? strdup("/") : strndup(text, at[i]), *real;
+	char *head = at[i] == 0 ? strdup("/") : strndup(text, at[i]);
+	enum place_seen seen;
 
 	if (head == NULL) {
 		*fd = -1;
-		*refused = 1; /* out of memory ends the look, as in judged_place */
-		return NULL;
+		*real = NULL;
+		return PLACE_ENDED; /* out of memory ends the look, as in judged_place */
 	}
-	real = judged_place(w, head, st, fd, refused);
+	seen = judged_place(w, head, st, fd, real);
 	free(head);
-	return real;
+	return seen;
 }
 
 /*
  * The deepest directory prefix of text (a path, or a link's text joined
  * with the rest of the path) that the judged walk in the run w reaches:
- * judged_place's, with the length of that prefix's text in *head_len; NULL
- * where none does, or where the first one past it is refused (*refused).
- * A prefix past one the walk does not reach is not reached either, nor
- * one past a refused one reached (the walk goes the same way up to it):
- * the deepest is tried first, then the rest bisected, a few walks of one
- * run (one mount table read) where a walk per prefix, each reading the
- * table, cost a chain of links with long missing texts minutes of a work
- * thread (review rev210 M1).
+ * judged_place's, with the length of that prefix's text in *head_len;
+ * NULL where none does, or (*refused set: the look ends) where a walk
+ * ends the look (PLACE_ENDED) or the deepest prefix reached has a name
+ * that cannot be read (PLACE_UNNAMED: a place that cannot be told). A
+ * prefix past one the walk does not reach is not reached either, nor one
+ * past a refused one reached (the walk goes the same way up to it): the
+ * deepest is tried first, then the rest bisected on whether the walk
+ * reaches them (one reached whose name cannot be read is reached: review
+ * rev212 L2), a few walks of one run (one mount table read) where a walk
+ * per prefix, each reading the table, cost a chain of links with long
+ * missing texts minutes of a work thread (review rev210 M1).
  */
 static char *
 deepest_place(struct mountrule_walk *w, const char *text, size_t *head_len, struct stat *st,
 	int *fd, int *refused)
 {
 	size_t n = 0, *at = malloc((strlen(text) + 1) * sizeof(*at));
+	enum place_seen deepest = PLACE_NOT_REACHED, seen = PLACE_NOT_REACHED;
 	ssize_t lo = -1, hi;
-	char *real = NULL, *got;
-	struct stat got_st;
-	int got_fd, hi_refused = 0;
+	char *real = NULL;
 
 	*fd = -1;
 	if (at == NULL) {
@@ -1177,29 +1189,29 @@ deepest_place(struct mountrule_walk *w, const char *text, size_t *head_len, stru
 	for (const char *c = strchr(text, '/'); c != NULL; c = strchr(c + 1, '/'))
 		at[n++] = (size_t)(c - text);
 	hi = (ssize_t)n;
-	/* The path's own directory, most often there: one walk. */
-	if (n > 0 && (real = judged_prefix(w, text, at, n - 1, st, fd, &hi_refused)) != NULL)
-		lo = (ssize_t)n - 1;
-	else if (n > 0)
-		hi = (ssize_t)n - 1;
-	while (hi - lo > 1 && !hi_refused) {
-		ssize_t mid = lo + (hi - lo) / 2;
-		int r = 0;
+	/* The path's own directory first, most often there: one walk. */
+	for (ssize_t mid = hi - 1; hi - lo > 1; mid = lo + (hi - lo) / 2) {
+		struct stat got_st;
+		char *got;
+		int got_fd;
 
-		if ((got = judged_prefix(w, text, at, (size_t)mid, &got_st, &got_fd, &r)) != NULL) {
-			free(real);
-			if (*fd >= 0)
-				close(*fd);
-			real = got;
-			*st = got_st;
-			*fd = got_fd;
-			lo = mid;
-		} else {
+		if ((seen = judged_prefix(w, text, at, (size_t)mid, &got_st, &got_fd, &got)) ==
+			PLACE_ENDED)
+			break;
+		if (seen == PLACE_NOT_REACHED) {
 			hi = mid;
-			hi_refused = r;
+			continue;
 		}
+		free(real);
+		if (*fd >= 0)
+			close(*fd);
+		real = got;
+		*st = got_st;
+		*fd = got_fd;
+		deepest = seen;
+		lo = mid;
 	}
-	if (hi < (ssize_t)n && hi_refused) {
+	if (seen == PLACE_ENDED || deepest == PLACE_UNNAMED) {
 		free(real);
 		real = NULL;
 		if (*fd >= 0)
@@ -1212,6 +1224,22 @@ deepest_place(struct mountrule_walk *w, const char *text, size_t *head_len, stru
 	free(at);
 	return real;
 }
+
+/*
+ * The budget of place_of's look, all its walks together (mountrule.h's
+ * run): the names looked up, each an openat and a statx, and the links
+ * followed. A look at an ordinary path takes tens of names and a few
+ * links (the path's own directory, then a bisection of its directories:
+ * at most some 12 walks of a text, each following the links on its way
+ * again); a neighbour's links of PATH_MAX texts made each walk some
+ * 65,000 names and the look minutes (review rev212 M2). 8192 names is
+ * four times the most a PATH_MAX text holds, some 40 ms of a work
+ * thread; 160 links, four walks' 40, leaves an ordinary path's links
+ * followed again by each walk room, and a chain of more than 40 (which
+ * the kernel refuses) ends there instead of being followed text by text.
+ */
+#define PLACE_STEPS 8192
+#define PLACE_LINKS 160
 
 /*
  * The place path names when it does not resolve (allocated): the real path
@@ -1233,9 +1261,11 @@ deepest_place(struct mountrule_walk *w, const char *text, size_t *head_len, stru
  * a walk that failed, where a neighbour's FUSE mount absent then may be
  * back (review rev208 H3: a stat(2) by name of his mount held the thread,
  * GETATTR waiting for an INIT never answered). A directory the walk
- * refuses (a user's FUSE mount on it or above it) ends the search: the
- * place is then the path's as configured where its own directory was
- * reached, else none (nothing to judge by).
+ * refuses (a user's FUSE mount on it or above it), or reaches but cannot
+ * name (its real path 4096 bytes or more), ends the search: the place is
+ * then the path's as configured where its own directory was reached, else
+ * none (nothing to judge by). So does the look's budget (PLACE_STEPS,
+ * PLACE_LINKS), one line logged.
  */
 static char *
 place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
@@ -1248,9 +1278,11 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 	int refused = 0;
 
 	mountrule_walk_init(&w);
+	w.max_steps = PLACE_STEPS;
+	w.max_links = PLACE_LINKS;
 	for (int links = 0; p != NULL && place == NULL && !refused && links <= 40; links++) {
 		char *real, *rest = NULL, *name = NULL, *next = NULL, text[PATH_MAX];
-		struct stat st;
+		struct stat st = { 0 };
 		size_t head_len = 0;
 		int dir = -1;
 
@@ -1280,6 +1312,12 @@ place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 		free(p);
 		p = next;
 	}
+	if (w.spent)
+		log_warnx("%s: the look at the place this path names ended after %ld names and %d "
+			"links walked (its budget: %d names, %d links; a neighbour's links can "
+			"make it walk millions): the place is %s", path, w.steps, w.links,
+			PLACE_STEPS, PLACE_LINKS, spelled != NULL ? "the path as configured" :
+			"none (a reload wcached makes by itself waits for the operator's)");
 	mountrule_walk_end(&w);
 	free(p);
 	if (place == NULL && spelled != NULL) {

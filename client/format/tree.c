@@ -386,6 +386,11 @@ tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len)
 		 * mount table is no line of it, and is refused as gone; its
 		 * device alone, which no line lists then either, could not be
 		 * told from a btrfs subvolume's (review rev208 H2). */
+		if (w->max_steps > 0 && w->steps >= w->max_steps) {
+			errno = ELOOP;
+			goto out;
+		}
+		w->steps++;
 		if ((fd = file_openat(stack[depth], name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) == -1 ||
 			statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
 				STATX_TYPE | STATX_MNT_ID, &sx) == -1)

@@ -158,6 +158,12 @@ extern const struct tree_mounts *tree_mounts;
  *    absolute link starts again from "/".
  *  - links: those followed before the walk (a walk that goes on from a
  *    directory an earlier one reached), and after it those in all.
+ *  - steps: the names the walk looked up (each an openat and a statx: its
+ *    cost), added to as it goes; max_steps: 0, or the most it may look up
+ *    in all (steps included), past which it ends with ELOOP: a walk may
+ *    follow 40 links of PATH_MAX bytes, some 80,000 names, and one that
+ *    is a part of a larger look (mountrule.h's run) is bounded by the
+ *    look's budget.
  *  - refused: set when judge refused (its code returned, why its line).
  */
 struct tree_walk {
@@ -168,13 +174,16 @@ struct tree_walk {
 	void *ctx;
 	bool beneath;
 	int links;
+	long steps;
+	long max_steps;
 	bool refused;
 };
 
 /* The walk of rel from the directory at (not closed) as w says: an O_PATH
- * descriptor of what rel names, or -errno (ELOOP past 40 links,
- * ENAMETOOLONG past 256 directories deep beneath the start, EXDEV leaving
- * it, or judge's or link's code with w->refused set). */
+ * descriptor of what rel names, or -errno (ELOOP past 40 links or past
+ * max_steps names, ENAMETOOLONG past 256 directories deep beneath the
+ * start, EXDEV leaving it, or judge's or link's code with w->refused
+ * set). */
 int tree_walk(int at, const char *rel, struct tree_walk *w, char *why, size_t len);
 
 /* A tree_walk judge (ctx and name unused): tree_mounts' mount_ok, the rule

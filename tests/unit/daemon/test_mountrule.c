@@ -4,6 +4,8 @@
  * "..", chains, loops, missing names, a name that is no directory), each
  * name looked up from the descriptor of the directory before it, alone
  * and in a run of walks (one mount table, a directory walked to once);
+ * the crossings of a path counted alike alone and in a run (rev212 L1);
+ * a run's budget of names and links (rev212 M2);
  * a run's crossings of mounts in a mount namespace of the test's own, and
  * a directory model's listing of many mounted names reading the mount
  * table once (review rev208 M3). The
@@ -177,6 +179,64 @@ proc_links(void)
 	close(fd);
 }
 
+/* mountrule_stat(DIR/rel) in a run of budget max_steps names and
+ * max_links links: 0 (the same file as stat(2)'s) or -ELOOP; the run's
+ * count of names and links after it. */
+static int
+in_budget(const char *rel, long max_steps, int max_links, long *steps, int *links)
+{
+	char p[PATH_MAX], why[MOUNTRULE_WHY];
+	struct mountrule_walk w;
+	struct stat a, b;
+	int r;
+
+	at(p, sizeof(p), rel);
+	mountrule_walk_init(&w);
+	w.max_steps = max_steps;
+	w.max_links = max_links;
+	errno = 0;
+	if ((r = mountrule_stat(&w, p, &b, why, sizeof(why))) == 0) {
+		assert_int_equal(stat(p, &a), 0);
+		assert_true(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+		assert_false(w.spent);
+	} else {
+		assert_int_equal(errno, ELOOP);
+		assert_true(w.spent);
+		r = -ELOOP;
+		/* spent: the run walks no more, not even "/" */
+		assert_int_equal(mountrule_open(&w, "/", why, sizeof(why)), -ELOOP);
+	}
+	*steps = w.steps;
+	*links = w.links;
+	mountrule_walk_end(&w);
+	return r;
+}
+
+/*
+ * A run's budget (rev212 M2: an operator's load's look at a place, many
+ * walks, each within its own 40 links, took minutes): the names its walks
+ * look up and the links they follow are counted, and a walk past either
+ * ends with ELOOP, as every walk after it. m/chain follows 2 links.
+ */
+static void
+budget(void)
+{
+	long steps, all;
+	int links;
+
+	assert_int_equal(in_budget("m/sub/x.safetensors", 0, 0, &all, &links), 0);
+	assert_true(all >= 3);
+	assert_int_equal(links, 0);
+	assert_int_equal(in_budget("m/sub/x.safetensors", all, 0, &steps, &links), 0);
+	assert_int_equal(steps, all);
+	assert_int_equal(in_budget("m/sub/x.safetensors", all - 1, 0, &steps, &links), -ELOOP);
+	assert_int_equal(steps, all - 1);
+	assert_int_equal(in_budget("m/chain", 0, 2, &steps, &links), 0);
+	assert_int_equal(links, 2);
+	assert_int_equal(in_budget("m/chain", 0, 1, &steps, &links), -ELOOP);
+	assert_int_equal(links, 1);
+}
+
 /* /proc/.. n times, then DIR: 2n mounts crossed (procfs and back). */
 static void
 bounce(char *buf, size_t cap, int n)
@@ -209,6 +269,50 @@ crossings(void)
 	assert_int_equal(errno, EXDEV);
 	assert_int_equal(strncmp(why, p, strlen(p)), 0);
 	assert_non_null(strstr(why, ": the walk crossed more than 64 mounts"));
+}
+
+/*
+ * A run counts a path's crossings as the walk of its own does (rev212 L1:
+ * its walk to the path's directory and that of its last name counted 64
+ * each, and an operator's load's look at the place judged a place beyond
+ * the cap the load's own walk refused at): the link m/cl<n> -> /proc/..
+ * n times then DIR/m, at the end of a path that bounces 31 times (62
+ * crossings to its directory), is refused in a run, twice (the directory
+ * walked to kept with its crossings), as alone, for n 2 and 3 (66 and 68
+ * crossings at least); n 1 says the same alone and in a run.
+ */
+static void
+crossings_in_run(void)
+{
+	char p[PATH_MAX], target[PATH_MAX], rel[16], why[MOUNTRULE_WHY];
+	struct mountrule_walk w;
+	struct stat a, b;
+	int ra, rb;
+	size_t k;
+
+	for (int n = 1; n <= 3; n++) {
+		bounce(target, sizeof(target), n);
+		k = strlen(target);
+		snprintf(target + k, sizeof(target) - k, "/m");
+		snprintf(rel, sizeof(rel), "m/cl%d", n);
+		make_link(target, rel);
+		bounce(p, sizeof(p), 31);
+		k = strlen(p);
+		snprintf(p + k, sizeof(p) - k, "/%s", rel);
+		ra = mountrule_stat(NULL, p, &a, why, sizeof(why));
+		assert_true(n == 1 || ra == -1);
+		mountrule_walk_init(&w);
+		for (int i = 0; i < 2; i++) {
+			errno = 0;
+			rb = mountrule_stat(&w, p, &b, why, sizeof(why));
+			assert_int_equal(rb, ra);
+			if (rb == 0)
+				continue;
+			assert_int_equal(errno, EXDEV);
+			assert_non_null(strstr(why, ": the walk crossed more than 64 mounts"));
+		}
+		mountrule_walk_end(&w);
+	}
 }
 
 static void
@@ -261,6 +365,8 @@ test_walks_as_stat(void **state)
 	assert_int_equal(chdir("/"), 0);
 	proc_links();
 	crossings();
+	crossings_in_run();
+	budget();
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	assert_int_equal(system(rm), 0);
 }

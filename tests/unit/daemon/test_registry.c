@@ -11,7 +11,8 @@
  * test asks, so that it can see a range unmapped twice; open fails with
  * the errno a test asks for when it reopens an index memfd through
  * /proc/self/fd (the descriptor workers get), as wcached out of file
- * descriptors would.
+ * descriptors would. statx is counted within mountrule_open's walks in a
+ * run (an operator's load's look at a place: review rev212 M2).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +38,7 @@
 #include "base/path.h"
 #include "format/tree.h"
 #include "generation.h"
+#include "mountrule.h"
 #include "proto/memfds.h"
 #include "registry_internal.h"
 #include "metrics.h"
@@ -64,6 +66,34 @@ char *__real_realpath(const char *path, char *resolved);
 char *__wrap_realpath(const char *path, char *resolved);
 char *__real_strdup(const char *s);
 char *__wrap_strdup(const char *s);
+int __real_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx);
+int __wrap_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx);
+int __real_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+int __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+
+/* The statx calls made within walks of a run (mountrule_open with a run:
+ * place_of's look, in an operator's load), one for each name walked. */
+static _Thread_local int in_run;
+static atomic_long run_statx;
+
+int
+__wrap_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx)
+{
+	if (in_run)
+		atomic_fetch_add(&run_statx, 1);
+	return __real_statx(at, path, flags, mask, sx);
+}
+
+int
+__wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	int r;
+
+	in_run += w != NULL;
+	r = __real_mountrule_open(w, path, why, len);
+	in_run -= w != NULL;
+	return r;
+}
 
 /* strdup() of strdup_fail_of fails once (ENOMEM) while strdup_armed is
  * set, and strdup_failed says it did (review rev210 L1). */
@@ -2289,6 +2319,118 @@ test_rev210_place_of_reads_the_mount_table_once_for_a_chain(void **state)
 	assert_int_equal(many, few);
 }
 
+/* In t->dir/NAME: the directory a, the link h whose text is "a/../a/.."
+ * (4090 bytes: 1636 names walked), and the links l1 .. l<links>, each
+ * text "h/" 8 times then l<k+1>/m (the last one's target missing): a
+ * walk through l1 looks up some 13,000 names for each link of the chain. */
+static void
+rev212_heavy_chain(struct du *t, const char *name, int links)
+{
+	char dir[4200], from[4300], to[4200] = "a/..";
+	size_t n = 4;
+
+	snprintf(dir, sizeof(dir), "%s/%s", t->dir, name);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	snprintf(from, sizeof(from), "%s/a", dir);
+	assert_int_equal(mkdir(from, 0755), 0);
+	for (int i = 1; i < 818; i++, n += 5)
+		memcpy(to + n, "/a/..", 6);
+	snprintf(from, sizeof(from), "%s/h", dir);
+	assert_int_equal(symlink(to, from), 0);
+	for (int k = 1; k <= links; k++) {
+		snprintf(to, sizeof(to), "h/h/h/h/h/h/h/h/l%d/m", k + 1);
+		snprintf(from, sizeof(from), "%s/l%d", dir, k);
+		assert_int_equal(symlink(to, from), 0);
+	}
+}
+
+/*
+ * rev212 M2: the look at the place an operator's load names (place_of)
+ * after its walk failed has one budget of names and links for all its
+ * walks (8192 names, 160 links): each walk kept its own 40 links of
+ * PATH_MAX texts (some 65,000 names), and the look made some 12 walks a
+ * text for up to 41 texts (218.8 s of a work thread for the review's
+ * chain). Here a chain of 2 links, each of whose walks follows 8 links of
+ * 1636 names: the look's walks looked up 100,000-odd names before; at
+ * most the budget and one statx per walk's start (of the directory it
+ * starts from) now, and the look ends with one line and no place (nothing
+ * to judge by).
+ */
+static void
+test_rev212_place_of_look_has_one_budget(void **state)
+{
+	struct du *t = *state;
+	char *path, *log;
+	long n;
+
+	rev212_heavy_chain(t, "heavy", 2);
+	assert_true(asprintf(&path, "%s/heavy/l1/m.safetensors", t->dir) > 0);
+	atomic_store(&run_statx, 0);
+	du_log_start(t);
+	assert_true(du_load(t, "heavy", path, PIN_NONE, 0) < 0);
+	log = du_log_stop(t);
+	n = atomic_load(&run_statx);
+	print_message("rev212 M2: the look's walks made %ld statx calls\n", n);
+	assert_true(n <= 8192 + 600);
+	assert_non_null(strstr(log, "/heavy/l1/m.safetensors: the look at the place this path "
+		"names ended after 8192 names and "));
+	assert_non_null(strstr(log, "the place is none"));
+	assert_null(registry_find(&t->reg, "heavy")->operator_tree.place);
+	free(log);
+	free(path);
+}
+
+/*
+ * rev212 L2: a directory the look's walk reaches but whose real path
+ * cannot be read (4096 bytes or more: readlink of /proc/self/fd/N fails)
+ * was taken for one not reached, and the bisection never looked past it:
+ * t->dir/S, a link to a directory D whose real path is 4000 bytes, in it
+ * a directory X of 150 ("D/X" cannot be named), and the path
+ * S/X/../missing/m.safetensors, whose deepest directory reached is
+ * "S/X/.." = D: the place is D/missing/m.safetensors, as the look that
+ * went up one directory at a time found (none before).
+ */
+static void
+test_rev212_place_past_a_directory_that_cannot_be_named(void **state)
+{
+	struct du *t = *state;
+	char deep[PATH_MAX], x[151], name[256], *path, *want, *link;
+	size_t len = strlen(t->dir);
+	int fd = open(t->dir, O_PATH | O_DIRECTORY | O_CLOEXEC), next;
+	const char *place;
+
+	assert_true(fd >= 0 && len < 3000);
+	snprintf(deep, sizeof(deep), "%s", t->dir);
+	while (len < 4000) {
+		size_t k = 4000 - len - 1 > 200 ? 200 : 4000 - len - 1;
+
+		memset(name, 'd', k);
+		name[k] = '\0';
+		assert_int_equal(mkdirat(fd, name, 0755), 0);
+		assert_true((next = openat(fd, name, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+		close(fd);
+		fd = next;
+		snprintf(deep + len, sizeof(deep) - len, "/%s", name);
+		len = strlen(deep);
+	}
+	memset(x, 'x', 150);
+	x[150] = '\0';
+	assert_int_equal(mkdirat(fd, x, 0755), 0);
+	close(fd);
+	assert_true(asprintf(&link, "%s/S", t->dir) > 0);
+	assert_int_equal(symlink(deep, link), 0);
+	assert_true(asprintf(&path, "%s/%s/../missing/m.safetensors", link, x) > 0);
+	assert_true(asprintf(&want, "%s/missing/m.safetensors", deep) > 0);
+	assert_true(du_load(t, "long", path, PIN_NONE, 0) < 0);
+	place = registry_find(&t->reg, "long")->operator_tree.place;
+	print_message("rev212 L2: the place is %s\n", place != NULL ? "D/missing/..." : "none");
+	assert_non_null(place);
+	assert_string_equal(place, want);
+	free(want);
+	free(path);
+	free(link);
+}
+
 /* rev191: a watched reload of llama (generation g1 serving): its status;
  * in *size the current generation's file's size, 0 when g1 is still it. */
 static int
@@ -3371,6 +3513,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			test_rev210_place_of_reads_the_mount_table_once_for_a_chain,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev212_place_of_look_has_one_budget, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev212_place_past_a_directory_that_cannot_be_named, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
