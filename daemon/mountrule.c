@@ -430,6 +430,64 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
+char *
+mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+{
+	static const char deleted[] = " (deleted)";
+	char link[32], *name;
+	ssize_t n;
+	size_t d = sizeof(deleted) - 1;
+	int e;
+
+	if (why == NULL)
+		len = 0;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if ((name = malloc(PATH_MAX)) == NULL)
+		return NULL;
+	n = readlink(link, name, PATH_MAX);
+	e = n < 0 ? errno : n >= PATH_MAX ? ENAMETOOLONG : 0;
+	if (n >= 0 && n < PATH_MAX) {
+		name[n] = '\0';
+		if (name[0] != '/' || ((size_t)n >= d && strcmp(name + n - d, deleted) == 0))
+			e = ENOENT;
+	}
+	if (e == 0)
+		return name; /* its PATH_MAX bytes */
+	if (len > 0 && e == ENAMETOOLONG)
+		snprintf(why, len, "%s: its real path is %d bytes or more: it cannot be told",
+			path, PATH_MAX);
+	else if (len > 0 && e == ENOENT && n >= 0)
+		snprintf(why, len, "%s: the file the walk reached has no path now (the kernel "
+			"names it %.*s)", path, (int)(n > 200 ? 200 : n), name);
+	else if (len > 0)
+		snprintf(why, len, "%s: its real path cannot be read (%s: %s)", path, link,
+			strerror(e));
+	free(name);
+	errno = e;
+	return NULL;
+}
+
+char *
+mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	char *real;
+	int fd, e;
+
+	if (why != NULL && len > 0)
+		why[0] = '\0';
+	if ((fd = mountrule_open(w, path, why, len)) < 0) {
+		if (why != NULL && len > 0 && why[0] == '\0')
+			snprintf(why, len, "%s: %s", path, strerror(-fd));
+		errno = -fd;
+		return NULL;
+	}
+	real = mountrule_fd_realpath(fd, path, why, len);
+	e = errno;
+	close(fd);
+	errno = e;
+	return real;
+}
+
 static const struct tree_mounts rule = { tree_mount_ok };
 static const struct shards_name_rule names = { name_rule, name_run_end };
 

@@ -102,6 +102,25 @@ int mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t
 int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why,
 	size_t len);
 
+/*
+ * The real path of what path names, as realpath(3) gives it, without
+ * looking anything up by name: the walk (mountrule_open, in the run w or
+ * one of its own), then the kernel's name for the file its descriptor
+ * holds (readlink(2) of /proc/self/fd/N: no lookup, no server asked; a
+ * realpath(3) of the path after its walk looked it up again, name by
+ * name, where a neighbour may have renamed a link to his FUSE mount in
+ * since, and a thread waited on his server for good). A malloc'd string;
+ * or NULL with errno: the walk's error (EXDEV with why set, as
+ * mountrule_open sets it), ENAMETOOLONG where the name does not fit
+ * PATH_MAX, ENOENT where the kernel says the file was removed (its name
+ * ends " (deleted)": one whose own name ends so counts as removed too) or
+ * gives no path (a file of another mount namespace, a detached mount:
+ * not "/..."); why set for those too. mountrule_fd_realpath: the same
+ * for a descriptor a walk gave (the load's own, before it closes it).
+ */
+char *mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len);
+char *mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
  * rule (the name rule's run: the listing's mount table, a struct fs_table
  * read once per listing, review rev208 M3). Once, at start. */

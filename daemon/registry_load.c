@@ -1397,8 +1397,10 @@ hub_root(const struct load_request *q, uid_t *owner)
 	struct stat st;
 	int at, repo = -1, rev = -1;
 
+	/* the directory's real path by the walk, never by name (a link renamed
+	 * in since the load's walk may lead into a neighbour's FUSE mount) */
 	if (dir != NULL)
-		real = realpath(dir[0] != '\0' ? dir : ".", NULL);
+		real = mountrule_realpath(NULL, dir[0] != '\0' ? dir : ".", NULL, 0);
 	if (real == NULL || tree_split(real, &root, &sub) < 0)
 		root = sub = NULL;
 	at = sub != NULL && sub[0] != '\0' &&
@@ -1982,8 +1984,13 @@ load_work(struct workq_job *w)
 		return;
 	}
 	q->opened_known = fstat(fd, &q->opened_st) == 0; /* what the walk found */
+	/* Its real path: the kernel's name for what the walk reached, read
+	 * from that very descriptor; a realpath(3) of the path looked it up
+	 * by name again, where a neighbour may have renamed a link to his
+	 * FUSE mount in since the walk, and waited on his server for good.
+	 * None (a name that cannot be told): as realpath's failure was. */
+	resolved = mountrule_fd_realpath(fd, q->path, NULL, 0);
 	close(fd);
-	resolved = realpath(q->path, NULL);
 	if (q->reload != RELOAD_WATCHED)
 		find_operator_tree(q, resolved);
 	if ((q->status = open_model(q, q->path)) < 0) {

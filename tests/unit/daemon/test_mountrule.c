@@ -8,7 +8,9 @@
  * a run's budget of names and links (rev212 M2);
  * a run's crossings of mounts in a mount namespace of the test's own, and
  * a directory model's listing of many mounted names reading the mount
- * table once (review rev208 M3). The
+ * table once (review rev208 M3); mountrule_realpath's name for what the
+ * walk reached (a link chain as realpath(3) says it; a removed directory,
+ * a name past PATH_MAX and a refused walk: NULL). The
  * refusal of a user's FUSE mount is tested with real mounts
  * (tests/integration/test_load_neighbour_paths.py: root and /dev/fuse).
  */
@@ -46,6 +48,27 @@ make_link(const char *target, const char *rel)
 
 	at(p, sizeof(p), rel);
 	assert_int_equal(symlink(target, p), 0);
+}
+
+/* DIR/rel made: a directory (make_dir), an empty file (make_file). */
+static void
+make_dir(const char *rel)
+{
+	char p[PATH_MAX];
+
+	at(p, sizeof(p), rel);
+	assert_int_equal(mkdir(p, 0755), 0);
+}
+
+static void
+make_file(const char *rel)
+{
+	char p[PATH_MAX];
+	int fd;
+
+	at(p, sizeof(p), rel);
+	assert_true((fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0644)) >= 0);
+	close(fd);
 }
 
 /* The run of walks same_as_stat's walks are part of, or NULL. */
@@ -324,13 +347,10 @@ test_walks_as_stat(void **state)
 
 	(void)state;
 	assert_non_null(mkdtemp(dir));
-	at(p, sizeof(p), "m");
-	assert_int_equal(mkdir(p, 0755), 0);
-	at(p, sizeof(p), "m/sub");
-	assert_int_equal(mkdir(p, 0755), 0);
+	make_dir("m");
+	make_dir("m/sub");
+	make_file("m/sub/x.safetensors");
 	at(p, sizeof(p), "m/sub/x.safetensors");
-	assert_true((fd = open(p, O_CREAT | O_WRONLY, 0644)) >= 0);
-	close(fd);
 	make_link("sub/x.safetensors", "m/rel");
 	make_link(p, "m/abs");
 	make_link("../m/./sub/../rel", "m/chain");
@@ -535,6 +555,126 @@ test_listing_reads_once(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+/* mountrule_realpath(DIR/rel) is realpath(3)'s answer, in the run w. */
+static void
+real_as_realpath(struct mountrule_walk *w, const char *rel)
+{
+	char p[PATH_MAX], why[MOUNTRULE_WHY];
+	char *want, *got;
+
+	at(p, sizeof(p), rel);
+	assert_non_null(want = realpath(p, NULL));
+	got = mountrule_realpath(w, p, why, sizeof(why));
+	assert_non_null(got);
+	assert_string_equal(got, want);
+	free(got);
+	free(want);
+}
+
+/*
+ * mountrule_realpath: a chain of links (relative, absolute, "..", a link
+ * to a directory on the way) named as realpath(3) names it, alone and in
+ * a run; a missing name and a loop fail as the walk does; a directory
+ * removed while held, a file whose own name ends " (deleted)" (the kernel
+ * says so of a removed one: not told apart) and a directory whose name
+ * is PATH_MAX bytes or more have none; as root, in a mount namespace of
+ * the test's own, a walk refused at a mount (a table that cannot be read)
+ * gives none, EXDEV, its why.
+ */
+static void
+test_realpath(void **state)
+{
+	char p[PATH_MAX], abs[PATH_MAX], rm[PATH_MAX + 16], why[MOUNTRULE_WHY], name[NAME_MAX + 1];
+	struct mountrule_walk w;
+	char *r;
+	int fd, deep;
+
+	(void)state;
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	make_dir("real");
+	make_dir("real/sub");
+	make_file("real/sub/m.safetensors");
+	at(abs, sizeof(abs), "real/sub");
+	make_link(abs, "l3");                   /* absolute, to a directory */
+	make_link("l3/m.safetensors", "l2");    /* through a link */
+	make_link("real/../l2", "l1");          /* ".." on the way */
+	make_link("l1", "m.safetensors");
+	make_link("loop", "loop");
+	real_as_realpath(NULL, "m.safetensors");
+	real_as_realpath(NULL, "l3");
+	real_as_realpath(NULL, "l3/../sub/./m.safetensors");
+	mountrule_walk_init(&w);
+	real_as_realpath(&w, "m.safetensors");
+	real_as_realpath(&w, "l2");
+	mountrule_walk_end(&w);
+	at(p, sizeof(p), "missing");
+	errno = 0;
+	assert_null(mountrule_realpath(NULL, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(why, "missing"));
+	at(p, sizeof(p), "loop");
+	errno = 0;
+	assert_null(mountrule_realpath(NULL, p, NULL, 0));
+	assert_int_equal(errno, ELOOP);
+	/* A directory removed while its descriptor is held. */
+	at(p, sizeof(p), "gone");
+	assert_int_equal(mkdir(p, 0755), 0);
+	assert_true((fd = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
+	assert_non_null(r = mountrule_fd_realpath(fd, p, why, sizeof(why)));
+	assert_string_equal(r, p);
+	free(r);
+	assert_int_equal(rmdir(p), 0);
+	errno = 0;
+	assert_null(mountrule_fd_realpath(fd, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(why, " (deleted)"));
+	close(fd);
+	make_file("x (deleted)");
+	at(p, sizeof(p), "x (deleted)");
+	errno = 0;
+	assert_null(mountrule_realpath(NULL, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	/* A directory whose real path is PATH_MAX bytes or more: made and
+	 * held by descriptor, name by name (no path names it). */
+	memset(name, 'd', NAME_MAX);
+	name[NAME_MAX] = '\0';
+	assert_true((deep = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+	for (int i = 0; i < PATH_MAX / NAME_MAX + 1; i++) {
+		assert_int_equal(mkdirat(deep, name, 0755), 0);
+		assert_true((fd = openat(deep, name, O_PATH | O_DIRECTORY | O_CLOEXEC)) >= 0);
+		close(deep);
+		deep = fd;
+	}
+	errno = 0;
+	assert_null(mountrule_fd_realpath(deep, "deep", why, sizeof(why)));
+	assert_int_equal(errno, ENAMETOOLONG);
+	assert_non_null(strstr(why, "deep: its real path is 4096 bytes or more"));
+	close(deep);
+	/* A walk refused at a mount: none, EXDEV, the walk's why. */
+	if (unshare(CLONE_NEWNS) == 0 && mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0) {
+		make_dir("vol");
+		at(p, sizeof(p), "vol");
+		assert_int_equal(mount("vol", p, "tmpfs", 0, "size=1m"), 0);
+		make_file("vol/f");
+		at(p, sizeof(p), "vol/f");
+		mountrule_walk_init(&w);
+		real_as_realpath(&w, "vol/f");
+		mountrule_walk_end(&w);
+		mountrule_walk_init(&w);
+		w.table.mountinfo = "/nonexistent/mountinfo";
+		errno = 0;
+		assert_null(mountrule_realpath(&w, p, why, sizeof(why)));
+		assert_int_equal(errno, EXDEV);
+		assert_non_null(strstr(why, ": vol lies on device "));
+		mountrule_walk_end(&w);
+		at(p, sizeof(p), "vol");
+		assert_int_equal(umount(p), 0);
+	}
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	assert_int_equal(system(rm), 0);
+}
+
 int
 main(void)
 {
@@ -542,6 +682,7 @@ main(void)
 		cmocka_unit_test(test_walks_as_stat),
 		cmocka_unit_test(test_run_across_mounts),
 		cmocka_unit_test(test_listing_reads_once),
+		cmocka_unit_test(test_realpath),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

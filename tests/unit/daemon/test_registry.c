@@ -70,6 +70,12 @@ int __real_statx(int at, const char *path, int flags, unsigned mask, struct stat
 int __wrap_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx);
 int __real_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
 int __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+char *__real_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
+	size_t len);
+char *__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
+	size_t len);
+char *__real_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+char *__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
 
 /* The statx calls made within walks of a run (mountrule_open with a run:
  * place_of's look, in an operator's load), one for each name walked. */
@@ -157,20 +163,28 @@ r187_fire(const char *path, int after)
 	}
 }
 
-char *
-__wrap_realpath(const char *path, char *resolved)
+/* The renames set for the moment a real path of path is asked for
+ * (realpath(3), or the load's mountrule_realpath and
+ * mountrule_fd_realpath, which took the places of its realpath(3) calls:
+ * the same moments of a load), before it (after 0) and after it. */
+static void
+moment(const char *path, int after)
 {
 	char tmp[4200];
 
 	if (atomic_load(&r187_on)) {
-		char *r;
-
-		r187_fire(path, 0);
-		r = __real_realpath(path, resolved);
-		r187_fire(path, 1);
-		return r;
+		r187_fire(path, after);
+		return;
 	}
-
+	if (after) {
+		if (atomic_load(&relink) && atomic_load(&backed) == 1 &&
+			strcmp(path, back_path) == 0) {
+			snprintf(tmp, sizeof(tmp), "%s.swap2", back_path);
+			if (symlink(swap_target, tmp) == 0 && rename(tmp, back_path) == 0)
+				atomic_store(&backed, 2);
+		}
+		return;
+	}
 	if (atomic_load(&swap_at) > 0 && strcmp(path, swap_dir) == 0 &&
 		atomic_fetch_sub(&swap_at, 1) == 1) {
 		snprintf(tmp, sizeof(tmp), "%s.swap", swap_path);
@@ -180,15 +194,39 @@ __wrap_realpath(const char *path, char *resolved)
 	if (atomic_load(&back_at) > 0 && strcmp(path, back_path) == 0 &&
 		atomic_fetch_sub(&back_at, 1) == 1 && rename(back_src, back_path) == 0)
 		atomic_store(&backed, 1);
-	if (atomic_load(&relink) && atomic_load(&backed) == 1 && strcmp(path, back_path) == 0) {
-		char *r = __real_realpath(path, resolved);
+}
 
-		snprintf(tmp, sizeof(tmp), "%s.swap2", back_path);
-		if (symlink(swap_target, tmp) == 0 && rename(tmp, back_path) == 0)
-			atomic_store(&backed, 2);
-		return r;
-	}
-	return __real_realpath(path, resolved);
+char *
+__wrap_realpath(const char *path, char *resolved)
+{
+	char *r;
+
+	moment(path, 0);
+	r = __real_realpath(path, resolved);
+	moment(path, 1);
+	return r;
+}
+
+char *
+__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	char *r;
+
+	moment(path, 0);
+	r = __real_mountrule_realpath(w, path, why, len);
+	moment(path, 1);
+	return r;
+}
+
+char *
+__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+{
+	char *r;
+
+	moment(path, 0);
+	r = __real_mountrule_fd_realpath(fd, path, why, len);
+	moment(path, 1);
+	return r;
 }
 
 int
@@ -3417,7 +3455,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_in_shared_dir_new_owner,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_rev210_a_withdrawn_generations_owners_outlive_its_reload, setup, teardown),
+			test_rev210_a_withdrawn_generations_owners_outlive_its_reload, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_shard_renamed_in_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_hard_link_refused, setup,
