@@ -32,6 +32,7 @@
 #include "generation.h"
 #include "mountrule.h"
 #include "proto/memfds.h"
+#include "registry_internal.h"
 #include "restore_internal.h"
 #include "stage.h"
 
@@ -474,6 +475,96 @@ fd_place(int fd, const char *path)
 	return file_place(buf, path);
 }
 
+/* What restore_owners_tree's walk holds the links on a path to: their
+ * makers may be root or owner alone; why (len bytes) says which was not. */
+struct owners_walk {
+	uid_t owner;
+	char *why;
+	size_t len;
+};
+
+/* registry_walk_links' judge for restore_owners_tree: a link made by root
+ * or the stored file's owner, else -EXDEV with why; a directory, 0 (none
+ * bound: nothing is recorded of this walk). */
+static int
+owners_link(const struct registry_link_seen *l, void *arg)
+{
+	const struct owners_walk *o = arg;
+	uid_t uid = l->st->st_uid;
+
+	if (l->target[0] == '\0' || uid == 0 || uid == o->owner)
+		return 0;
+	snprintf(o->why, o->len, "the path goes through the symbolic link %.300s (to %.300s) "
+		"made by uid %u, in %.300s: neither root nor the owner (uid %u) of its stored "
+		"file, who may have pointed it at where he moved that file", l->path, l->target,
+		(unsigned)uid, l->dir, (unsigned)o->owner);
+	return -EXDEV;
+}
+
+int
+restore_owners_tree(const char *path, uid_t owner, const char *root, uid_t root_uid,
+	dev_t dir_dev, ino_t dir_ino, char *why, size_t len)
+{
+	struct owners_walk o = { .owner = owner, .why = why, .len = len };
+	struct registry_walk *w;
+	const struct stat *dir;
+	int err;
+
+	if (root_uid != 0 && root_uid != owner) {
+		snprintf(why, len, "the tree %.600s it is found in is uid %u's, neither root's nor "
+			"the owner's (uid %u) of its stored file: anyone who may rename entries in "
+			"the file's directory may have moved it there", root, (unsigned)root_uid,
+			(unsigned)owner);
+		return -1;
+	}
+	if ((w = malloc(sizeof(*w))) == NULL) {
+		snprintf(why, len, "%s", strerror(ENOMEM));
+		return -1;
+	}
+	if ((err = registry_walk_links(path, owners_link, &o, w)) < 0 && err != -EXDEV)
+		snprintf(why, len, "its path %.600s could not be walked (%s)", path,
+			strerror(-err));
+	/* The walk ended where the files are: the path was not swapped
+	 * between the look that found them and this one. */
+	dir = S_ISDIR(w->end.st_mode) ? &w->end : &w->end_dir;
+	if (err == 0 && (dir->st_dev != dir_dev || dir->st_ino != dir_ino)) {
+		snprintf(why, len, "its path %.600s led elsewhere while its stored file was looked "
+			"for", path);
+		err = -ESTALE;
+	}
+	free(w);
+	return err < 0 ? -1 : 0;
+}
+
+/* The owner of p's stored file 0 (checked): by its stored descriptor, or
+ * for a staged copy its origin's as the check found it: 0, or -1. */
+static int
+stored_owner(const struct restore_prepared *p, uid_t *uid)
+{
+	struct stat st;
+
+	if (p->origin != NULL && p->src.nfiles > 0 && p->origin[0].path != NULL) {
+		*uid = p->origin[0].st.st_uid;
+		return 0;
+	}
+	if (p->g->nfiles == 0 || p->fds[0] < 0 || fstat(p->fds[0], &st) != 0)
+		return -1;
+	*uid = st.st_uid;
+	return 0;
+}
+
+int
+restore_found_tree_owned(const struct restore_prepared *p, const char *path,
+	const struct gen_found_tree *found)
+{
+	char why[ERROR_MAX];
+	uid_t owner;
+
+	return found->root != NULL && found->dir_known && stored_owner(p, &owner) == 0 &&
+		restore_owners_tree(path, owner, found->root, found->uid, found->dir_dev,
+			found->dir_ino, why, sizeof(why)) == 0;
+}
+
 void
 restore_moved_tree(struct restore_prepared *p, const char *path)
 {
@@ -485,6 +576,15 @@ restore_moved_tree(struct restore_prepared *p, const char *path)
 		return;
 	free(p->resolved_path);
 	p->resolved_path = gen_resolved_path(place, realpath(place, NULL), &p->src, NULL, &found);
+	/* Only a tree of its file's owner (or root's), reached by no one
+	 * else's link (review rev213 H1, H2): else none, and the reload
+	 * waits for the operator's. */
+	if (found.root != NULL && !restore_found_tree_owned(p, place, &found)) {
+		free(found.root);
+		found.root = NULL;
+		free(p->resolved_path);
+		p->resolved_path = NULL;
+	}
 	free(p->tree_root);
 	p->tree_root = found.root;
 	p->tree_uid = found.uid;
@@ -762,25 +862,72 @@ copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *pa
 	return real_at;
 }
 
+/* Drops the tree p->tree_root (uid, inode) found. */
+static void
+free_tree(struct restore_prepared *p)
+{
+	free(p->tree_root);
+	p->tree_root = NULL;
+	p->tree_uid = 0;
+}
+
+/*
+ * Whether p->tree_root, the tree of file (p's stored file 0, or a copy's
+ * origin: copy), where the model's path leads, is one a stored file
+ * tells: its owner's (or root's), the path walked through no link of
+ * anyone else's to the file's directory (restore_owners_tree, review
+ * rev213 H2). A neighbour who moved the file into his own directory and
+ * pointed his link on the path at it would make the tree his. 1; or 0
+ * with p->tree_why saying why. In the run w.
+ */
+static int
+file_owners_tree(struct restore_prepared *p, struct mountrule_walk *w, const char *path,
+	const char *file, int copy)
+{
+	const struct fdstore_file *f = &p->g->files[0];
+	char *dir = path_dir(file), why[MOUNTRULE_WHY];
+	struct stat fst, dst;
+	int ok;
+
+	if (copy)
+		ok = mountrule_stat(w, file, &fst, why, sizeof(why)) == 0 &&
+			S_ISREG(fst.st_mode) && (uint64_t)fst.st_dev == f->origin_dev &&
+			(uint64_t)fst.st_ino == f->origin_ino;
+	else
+		ok = fstat(p->fds[0], &fst) == 0;
+	ok = ok && dir != NULL && judged_dir(w, dir, &dst) == 0;
+	if (!ok)
+		snprintf(p->tree_why, sizeof(p->tree_why), "%s was no longer there as its tree "
+			"was told", file);
+	else
+		ok = restore_owners_tree(path, fst.st_uid, p->tree_root, p->tree_uid, dst.st_dev,
+			dst.st_ino, p->tree_why, sizeof(p->tree_why)) == 0;
+	free(dir);
+	return ok;
+}
+
 void
 restore_stored_tree(struct restore_prepared *p, const char *path, const char *stage_dir)
 {
 	struct mountrule_walk w;
 	char *file;
 	struct stat st = { 0 };
+	int copy;
 
 	p->tree_why[0] = '\0';
 	if (p->g->nfiles == 0 || p->fds[0] < 0)
 		return;
 	mountrule_walk_init(&w);
 	/* A staged copy's tree is its origin's, where the path leads to it. */
-	file = stored_copy(p, 0, stage_dir) ? copy_origin(p, &w, path) :
-		stored_file_at_path(p, &w, path);
+	copy = stored_copy(p, 0, stage_dir);
+	file = copy ? copy_origin(p, &w, path) : stored_file_at_path(p, &w, path);
 	free(p->tree_root);
 	p->tree_root = file != NULL ? judged_tree_root(&w, file, &p->tree_uid, &st) : NULL;
 	if (file != NULL && p->tree_root == NULL)
 		snprintf(p->tree_why, sizeof(p->tree_why), "the tree of %s could not be told "
 			"(a directory above it was not reached by the judged walk)", file);
+	else if (p->tree_root != NULL && !file_owners_tree(p, &w, path, file, copy))
+		free_tree(p); /* file_owners_tree said why */
 	else if (p->tree_root != NULL)
 		p->tree_why[0] = '\0';
 	p->tree_ino_known = p->tree_root != NULL;

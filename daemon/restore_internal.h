@@ -226,6 +226,28 @@ int restore_check_layout(struct restore_prepared *p, const char *path);
 void restore_moved_tree(struct restore_prepared *p, const char *path);
 
 /*
+ * Whether the tree root (owned by root_uid), where a stored file owned by
+ * owner is found, is one that file tells where the store recorded none:
+ * root's or owner's, path (to the file, or to its directory) walked
+ * through no symbolic link made by anyone else (registry_walk_links) to
+ * the directory the file is in (dir_dev, dir_ino). A neighbour who may
+ * rename entries in the file's directory may have moved it into his own
+ * and pointed his link on the model's path at it; his directory is then
+ * no tree of the model's (review rev213 H2). 0; or -1 with why (len
+ * bytes). Work queue thread.
+ */
+int restore_owners_tree(const char *path, uid_t owner, const char *root, uid_t root_uid,
+	dev_t dir_dev, ino_t dir_ino, char *why, size_t len);
+
+struct gen_found_tree;
+
+/* restore_owners_tree of found (gen_resolved_path's of path, for p, the
+ * current generation checked: its stored file 0's owner, or its origin's
+ * for a staged copy): 1 when it is one p's files tell, else 0. */
+int restore_found_tree_owned(const struct restore_prepared *p, const char *path,
+	const struct gen_found_tree *found);
+
+/*
  * What p's stored descriptors tell of the files its generation served
  * (the current one), into p->kept: each file's owner, device and inode
  * (fstat of the stored descriptor: the file as the previous process

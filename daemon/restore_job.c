@@ -308,6 +308,61 @@ stored_tree(struct restore_prepared *p, const struct fdstore_tree *t)
 	p->tree_ino = (ino_t)t->root_ino;
 }
 
+/* Whether found, the tree the model's path leads to now, is t, the tree
+ * the store recorded: the same directory (device and inode, where both
+ * tell them; else the same path) of the same owner. A tree its deployer
+ * renamed while no wcached ran is still it. */
+static int
+recorded_tree(const struct gen_found_tree *found, const struct fdstore_tree *t)
+{
+	if (found->root == NULL || found->uid != (uid_t)t->uid)
+		return 0;
+	if (found->root_known && t->root_known)
+		return (uint64_t)found->root_dev == t->root_dev &&
+		       (uint64_t)found->root_ino == t->root_ino;
+	return strcmp(found->root, t->root) == 0;
+}
+
+/*
+ * Work queue thread: the tree of p, the current generation that passed
+ * its checks, from found (what its path, j's path, leads to now, taken).
+ * The tree the store recorded for the model, where it recorded one (a
+ * generation's: no place), is the tree: found only where it is that tree.
+ * Where its stored file is now says nothing of whose the model is: anyone
+ * who may rename entries in its directory may have moved it into his own
+ * and pointed his link on the path there (review rev213 H1); the watched
+ * reload then judges what the path leads to against the recorded tree.
+ * Where none was recorded (a store before format version 9), found, or the
+ * tree the stored file is found in now (restore_moved_tree), only where
+ * that file tells it (restore_owners_tree, H2): else none, and the
+ * reload waits for the operator's.
+ */
+static void
+take_tree(struct restore_prepared *p, const char *path, const struct fdstore_tree *t,
+	struct gen_found_tree *found)
+{
+	int recorded = t->root != NULL && t->place == NULL;
+
+	if (recorded ? !recorded_tree(found, t) :
+		       found->root != NULL && !restore_found_tree_owned(p, path, found)) {
+		free(found->root);
+		found->root = NULL;
+		if (!recorded) { /* the reload would find the root from it */
+			free(p->resolved_path);
+			p->resolved_path = NULL;
+		}
+	}
+	p->tree_root = found->root;
+	p->tree_uid = found->uid;
+	p->tree_ino_known = found->root_known;
+	p->tree_dev = found->root_dev;
+	p->tree_ino = found->root_ino;
+	if (p->tree_root == NULL && recorded)
+		stored_tree(p, t);
+	else if (p->tree_root == NULL)
+		restore_moved_tree(p, path);
+}
+
 /* Work queue thread: checks and opens every stored generation of j's
  * model, and checks its current generation's derived artifacts. */
 static void
@@ -341,15 +396,7 @@ restore_work(struct workq_job *w)
 	if (cur->err == 0) {
 		cur->resolved_path = gen_resolved_path(j->path, resolved, &cur->src, cur->origin,
 			&found);
-		cur->tree_root = found.root;
-		cur->tree_uid = found.uid;
-		cur->tree_ino_known = found.root_known;
-		cur->tree_dev = found.root_dev;
-		cur->tree_ino = found.root_ino;
-		if (cur->tree_root == NULL)
-			restore_moved_tree(cur, j->path);
-		if (cur->tree_root == NULL)
-			stored_tree(cur, tree);
+		take_tree(cur, j->path, tree, &found);
 	} else {
 		free(resolved);
 	}

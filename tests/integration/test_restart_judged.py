@@ -510,3 +510,245 @@ def test_the_upgrade_restart_says_why_a_staged_copys_origin_is_not_at_its_path(t
         d.stop()
         mgr.close()
     assert status == 0, d.read_log()
+# Review rev213 H1, H2: the tree of a restored generation, or the upgrade
+# restart's tree, is never the directory a neighbour moved its stored file
+# into. alice's files (alice 2775 directories team/v1 and team/v2 of the
+# group bob is in, v2's model.safetensors a hard link of v1's: versions
+# made with cp -al), deployed through bob's link home/bob/llama -> team/v1.
+
+BOBS_BYTES = 275384    # mkmodel layers=3 seed=3; alice's (seed=1) is 192272
+
+
+def alices_versions_by_bobs_link(tmp_path):
+    """alice's v1 and v2 sharing model.safetensors by hard link; bob's home
+    holding the configured path, his link llama -> v1, and his own model
+    evil.tmp: (v1, v2, bob's home)."""
+    parent = str(tmp_path)
+    while parent != "/":    # pytest's temporary root is 0700
+        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o011)
+        parent = os.path.dirname(parent)
+    team = made_by(tmp_path / "team", 0, 0o755)
+    v1 = made_by(os.path.join(team, "v1"), ALICE_UID, 0o2775)
+    v2 = made_by(os.path.join(team, "v2"), ALICE_UID, 0o2775)
+    f = mkmodel(os.path.join(v1, "model.safetensors"), seed=1)
+    os.chown(f, ALICE_UID, GROUP)
+    os.chmod(f, 0o644)
+    as_alice("ln %s/model.safetensors model.safetensors" % v1, v2)
+    home = made_by(tmp_path / "home", 0, 0o755)
+    bobs = made_by(os.path.join(home, "bob"), BOB_UID, 0o755)
+    as_bob("ln -s %s llama" % v1, bobs)
+    evil = mkmodel(os.path.join(bobs, "evil.tmp"), layers=3, seed=3)
+    os.chown(evil, BOB_UID, GROUP)
+    return v1, v2, bobs
+
+
+def moves_alices_file(v1, v2, into="B"):
+    """bob's script: v2's name of alice's file removed (its link count
+    drops, so the restart's check does not compare its ctime), her file
+    renamed into his own directory into."""
+    return ("rm %s/model.safetensors && mkdir -m 755 %s && mv %s/model.safetensors %s/ && "
+            % (v2, into, v1, into))
+
+
+# bob's own model in his directory B2, his link re-pointed there.
+BOBS_TREE = ("mkdir -m 755 B2 && mv evil.tmp B2/model.safetensors && "
+             "ln -s B2 llama.new && mv -T llama.new llama")
+
+
+def bobs_bytes_never_served(d, what):
+    log = d.read_log()
+    assert "%d bytes" % BOBS_BYTES not in log, "bob's model served as llama %s:\n%s" % (
+        what, log)
+    r = d.attach("llama")
+    assert "%d" % BOBS_BYTES not in r.stdout, r.stdout
+
+
+def llama_waits(d, what, timeout=60):
+    """llama's next load (or the restart's) waited for the operator's
+    `wcachectl reload llama`; nothing of bob's served meanwhile."""
+    _, line = d.wait_for_log(r'model "llama": (generation [23] from|.*wcachectl reload llama)',
+                             timeout=timeout)
+    time.sleep(1)   # anything wcached would load by itself comes meanwhile
+    bobs_bytes_never_served(d, what)
+    assert "wcachectl reload llama" in line, d.read_log()
+    assert "waits_for_reload" in model_entry(d, "llama"), model_entry(d, "llama")
+    return line
+
+
+@pytest.mark.parametrize("move", ["link count dropped", "left", "plain rename"])
+def test_a_restored_generation_keeps_the_recorded_tree_where_bob_moved_its_file(
+        tmp_path, move):
+    """rev213 H1: while wcached restarts bob removes v2's name of alice's
+    file and renames v1's into his home (B), then points his link at his
+    own tree B2. The check passed (the link count changed, so the ctime is
+    not compared), and the restart took the tree from where the stored
+    file is now: B, his; his link to his sibling B2 was then "the tree's
+    owner's", and his bytes were generation 2. The tree is now the one the
+    store recorded (team/v1): the path's move waits for the operator.
+    Controls: her file left in v1, or renamed with the link count as
+    stored (the check catches it: not restored, judged against team/v1),
+    wait as before."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    moves = {"link count dropped": moves_alices_file(v1, v2), "left": "",
+             "plain rename": "mkdir -m 755 B && mv %s/model.safetensors B/ && " % v1}[move]
+    d, mgr = restart_with(tmp_path, {"llama": os.path.join(bobs, "llama")}, stored,
+                          lambda: as_bob(moves + BOBS_TREE, bobs))
+    try:
+        line = llama_waits(d, "after a restart with alice's file moved (%s)" % move)
+        print(line)
+        if move == "plain rename":
+            assert re.search(r"not restored: .*judged against the tree %s \(uid %d\)" %
+                             (re.escape(v1), ALICE_UID), d.read_log()), d.read_log()
+        else:
+            assert "generation 1 restored" in d.read_log(), d.read_log()
+    finally:
+        d.stop()
+        mgr.close()
+
+
+def test_a_restored_generation_keeps_the_recorded_tree_where_bobs_link_leads_to_its_moved_file(
+        tmp_path):
+    """rev213 H1, the second way: bob moves alice's file into B (its link
+    count dropped) and points his link at B itself. The path leads to the
+    stored file, so the generation is restored, not moved, and its tree was
+    taken from the path now: B, his; his file renamed over hers there while
+    wcached runs was generation 2. The tree is team/v1, as recorded: B is
+    not it, so his file waits for the operator."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    d, mgr = restart_with(tmp_path, {"llama": os.path.join(bobs, "llama")}, stored,
+                          lambda: as_bob(moves_alices_file(v1, v2) +
+                                         "ln -s B llama.new && mv -T llama.new llama", bobs))
+    try:
+        d.wait_for_log(r'model "llama": generation 1 restored', timeout=60)
+        wait_until(lambda: ready(d, "llama"), what="ready")
+        time.sleep(1)
+        as_bob("mv evil.tmp B/model.safetensors", bobs)
+        print(llama_waits(d, "after his file was renamed over hers in B"))
+    finally:
+        d.stop()
+        mgr.close()
+
+
+def test_bobs_link_re_pointed_while_wcached_runs_waits(tmp_path):
+    """rev213's control: the same re-pointing while wcached runs waits
+    (link_taken: bob owns neither the tree nor the files serving)."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": os.path.join(bobs, "llama")}, user=USER, nofile=1024)
+    start(d, mgr, user=USER)
+    try:
+        stored(d, mgr)
+        as_bob(BOBS_TREE, bobs)
+        print(llama_waits(d, "re-pointed while wcached runs"))
+    finally:
+        d.stop()
+        mgr.close()
+
+
+@pytest.mark.parametrize("upgrade", [False, True])
+def test_a_restart_with_nothing_moved_restores_and_takes_alices_update(tmp_path, upgrade):
+    """Control: the not-moved restart (a version 9 store, and the upgrade's
+    without a tree recorded) restores alice's generation 1, and her own
+    update renamed into her model's directory is generation 2."""
+    parent = str(tmp_path)
+    while parent != "/":
+        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o011)
+        parent = os.path.dirname(parent)
+    llama = made_by(tmp_path / "llama", ALICE_UID, 0o755)
+    for name, seed, layers in (("model.safetensors", 1, 2), (".new.tmp", 4, 4)):
+        os.chown(mkmodel(os.path.join(llama, name), layers=layers, seed=seed), ALICE_UID,
+                 GROUP)
+
+    def while_down():
+        if upgrade:
+            untreed(mgr_of[0])
+
+    mgr_of = []
+
+    def started(d, mgr):
+        stored(d, mgr)
+        mgr_of.append(mgr)
+    d, mgr = restart_with(tmp_path, {"llama": llama}, started, while_down)
+    try:
+        d.wait_for_log(r'model "llama": generation 1 restored', timeout=60)
+        wait_until(lambda: ready(d, "llama"), what="ready")
+        time.sleep(1)
+        as_alice("mv .new.tmp model.safetensors", llama)
+        _, line = d.wait_for_log(r'model "llama": (generation 2 from|.*wcachectl reload '
+                                 r'llama)', timeout=60)
+        assert "generation 2 from" in line, d.read_log()
+    finally:
+        d.stop()
+        mgr.close()
+
+
+@pytest.mark.parametrize("upgrade,into", [(True, "B"), (True, "v3"), (False, "B")])
+def test_the_upgrade_restart_takes_no_tree_from_a_file_bob_moved_under_his_link(
+        tmp_path, upgrade, into):
+    """rev213 H2: the upgrade restart (a store before format version 9: no
+    tree recorded). bob renames alice's file into his home (B: the check
+    fails, not restored) and points his link at B: the path, walked, leads
+    to the stored file, so B, his, was the tree, the restart loaded her
+    file from it, and his own renamed over it was generation 3. A tree a
+    stored file tells is now its owner's (or root's), reached through no
+    one else's link: none here (B is his; alice's empty v3, where he may
+    rename her file too, is reached through his link), so llama waits for
+    the operator. With a version 9 store (upgrade False) it waits as
+    before."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": os.path.join(bobs, "llama")}, user=USER, nofile=1024)
+    start(d, mgr, user=USER)
+    stored(d, mgr)
+    assert d.stop() == 0, d.read_log()
+    if upgrade:
+        untreed(mgr)
+    to = "B" if into == "B" else made_by(tmp_path / "team" / "v3", ALICE_UID, 0o2775)
+    as_bob("%s mv %s/model.safetensors %s/ && ln -s %s llama.new && mv -T llama.new llama" %
+           ("mkdir -m 755 B &&" if into == "B" else "", v1, to, to), bobs)
+    time.sleep(0.3)
+    start(d, mgr, *mgr.listen_fds(), user=USER)
+    try:
+        print(llama_waits(d, "at the restart"))
+        as_bob("mv evil.tmp %s/model.safetensors" % to, bobs)
+        time.sleep(2)
+        bobs_bytes_never_served(d, "after his file was renamed into %s" % into)
+        if upgrade and into == "B":   # v3 (2775) is a place others rename entries in
+            assert re.search(r"stored files tell none: the tree .*/B it is found in is "
+                             r"uid %d's" % BOB_UID, d.read_log()), d.read_log()
+    finally:
+        d.stop()
+        mgr.close()
+
+
+def test_the_upgrade_restart_takes_no_tree_from_a_staged_copys_origin_bob_moved(tmp_path):
+    """rev213 H2 for a staged copy (stage = yes): copy_origin finds the
+    origin by its device and inode where bob's re-pointed link leads (B,
+    his): his directory was the tree, his bytes generation 3. Now the
+    tree, uid bob's, is not the origin's owner's (alice): none, it waits."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    staged = made_by(tmp_path / "staged", DAEMON_UID, 0o700)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": (os.path.join(bobs, "llama"), {"stage": "yes"})},
+               extra="stage_dir = %s\n" % staged, user=USER, nofile=1024)
+    start(d, mgr, user=USER)
+    stored(d, mgr)
+    assert d.stop() == 0, d.read_log()
+    untreed(mgr)
+    as_bob("mkdir -m 755 B && mv %s/model.safetensors B/ && ln -s B llama.new && "
+           "mv -T llama.new llama" % v1, bobs)
+    time.sleep(0.3)
+    start(d, mgr, *mgr.listen_fds(), user=USER)
+    try:
+        print(llama_waits(d, "at the restart"))
+        as_bob("mv evil.tmp B/model.safetensors", bobs)
+        time.sleep(2)
+        bobs_bytes_never_served(d, "after his file was renamed into B")
+        assert re.search(r"stored files tell none: the tree .*is uid %d's" % BOB_UID,
+                         d.read_log()), d.read_log()
+    finally:
+        d.stop()
+        mgr.close()

@@ -1352,6 +1352,57 @@ test_a_version_8_model_whose_file_was_replaced_waits(void **state)
 	free(log);
 }
 
+/*
+ * restore_owners_tree (review rev213 H2): a tree a stored file tells is its
+ * owner's or root's, reached through no link of anyone else's, to the
+ * directory the file is in. A link made by root (or the file's owner) is
+ * followed; one lchown'ed to another uid (as root only) refuses, naming
+ * its maker; a tree of another owner, or a walk that ends elsewhere,
+ * refuses too.
+ */
+static void
+test_a_tree_a_stored_file_tells_is_its_owners(void **state)
+{
+	char top[] = "/tmp/wc-owners-XXXXXX", dir[64], link[64], why[ERROR_MAX];
+	struct stat st;
+	uid_t owner = 4321;
+
+	(void)state;
+	assert_non_null(mkdtemp(top));
+	snprintf(dir, sizeof(dir), "%s/v1", top);
+	snprintf(link, sizeof(link), "%s/llama", top);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	assert_int_equal(symlink("v1", link), 0);
+	assert_int_equal(stat(dir, &st), 0);
+	if (lchown(link, owner, (gid_t)-1) != 0) /* not root: the link is the test's */
+		owner = getuid();
+	why[0] = '\0';
+	assert_int_equal(restore_owners_tree(link, owner, dir, owner, st.st_dev, st.st_ino, why,
+				 sizeof(why)), 0);
+	assert_int_equal(restore_owners_tree(link, owner, dir, 0, st.st_dev, st.st_ino, why,
+				 sizeof(why)), 0);
+	/* A tree of another user's. */
+	assert_int_equal(restore_owners_tree(link, owner, dir, owner + 1, st.st_dev, st.st_ino,
+				 why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "neither root's nor the owner's"));
+	/* The walk ends at another directory than the file's. */
+	assert_int_equal(restore_owners_tree(link, owner, dir, owner, st.st_dev, st.st_ino + 1,
+				 why, sizeof(why)), -1);
+	assert_non_null(strstr(why, "led elsewhere"));
+	/* Another user's link on the path (as root: it is lchown'ed). */
+	if (owner != getuid()) {
+		char made[32];
+
+		snprintf(made, sizeof(made), "made by uid %u", (unsigned)owner);
+		assert_int_equal(restore_owners_tree(link, owner + 1, dir, 0, st.st_dev, st.st_ino,
+					 why, sizeof(why)), -1);
+		assert_non_null(strstr(why, made));
+	}
+	unlink(link);
+	rmdir(dir);
+	rmdir(top);
+}
+
 int
 main(void)
 {
@@ -1408,6 +1459,7 @@ main(void)
 			setup_held, teardown),
 		cmocka_unit_test_setup_teardown(test_holds_of_a_count_only_description,
 			setup_held_count_only, teardown),
+		cmocka_unit_test(test_a_tree_a_stored_file_tells_is_its_owners),
 		/* Last: its stage_sweep() keeps stage_dir's lock open (stage_dir.c's
 		 * sweep lock, held for the process), on a descriptor a later
 		 * test's store would need (su_manager_pass places it at 3..). */
