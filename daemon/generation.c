@@ -29,6 +29,7 @@
 #include "format/tree.h"
 #include "generation.h"
 #include "log.h"
+#include "mountrule.h"
 #include "pages.h"
 #include "proto/memfds.h"
 #include "stage.h"
@@ -249,16 +250,23 @@ linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
 	char *path = NULL, *real = NULL;
 	size_t n = t->root != NULL ? strlen(t->root) : 0;
 	struct stat now;
-	int in;
+	int in, fd;
 
 	if (t->root == NULL || t->sub == NULL ||
 		asprintf(&path, "%s/%s%s", t->root, t->sub, name) < 0)
 		return 0;
-	real = realpath(path, NULL);
-	in = real != NULL &&
-		(strcmp(t->root, "/") == 0 || (strncmp(real, t->root, n) == 0 && real[n] == '/')) &&
-		stat(real, &now) == 0 && S_ISREG(now.st_mode) && now.st_dev == st->st_dev &&
-		now.st_ino == st->st_ino;
+	/* walked, its mounts judged (a neighbour's FUSE mount refused), and
+	 * told by the walk's descriptor: no lookup by name (realpath(3) and
+	 * stat(2) of its answer asked his server) */
+	if ((fd = mountrule_open(NULL, path, NULL, 0)) >= 0) {
+		real = mountrule_fd_realpath(fd, path, NULL, 0);
+		in = real != NULL && (strcmp(t->root, "/") == 0 ||
+			(strncmp(real, t->root, n) == 0 && real[n] == '/')) &&
+			fstat(fd, &now) == 0 && S_ISREG(now.st_mode) &&
+			now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+		close(fd);
+	} else
+		in = 0;
 	free(real);
 	free(path);
 	return in;
@@ -425,7 +433,9 @@ char *
 gen_resolved_path(const char *path, char *before, const struct model_source *src,
 	const struct gen_origin *origin, struct gen_found_tree *found)
 {
-	char *now = before != NULL ? realpath(path, NULL) : NULL, *dir = NULL;
+	/* the path's real path now by its judged walk, never realpath(3): a
+	 * link renamed in since may lead into a neighbour's FUSE mount */
+	char *now = before != NULL ? mountrule_realpath(NULL, path, NULL, 0) : NULL, *dir = NULL;
 	const char *file_name = NULL;
 	int same = now != NULL && strcmp(now, before) == 0;
 	struct gen_tree tree;
