@@ -144,19 +144,21 @@ def test_another_users_tree_renamed_in_while_wcached_restarts_waits(tmp_path):
     its stored generation's file replaced and loaded the model afresh, as
     the operator's load, so bob's model was her generation 2 with no rule
     asked. Now generation 1 is restored and serves, the files at the path
-    are loaded as a reload wcached makes by itself, which is refused, and
+    are loaded as a reload wcached makes by itself, judged against the tree
+    the store recorded (v2, hers), which is refused (v2 is bob's now), and
     only `wcachectl reload alice` serves them."""
     shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
 
     def waits(d):
         _, line = d.wait_for_log(r'model "alice": (its path .*operator|generation 2 from)')
-        # Her tree is where her file is now, the directory bob renamed.
-        assert "now resolves into %s (was %s): a moved tree" % (
-            v2, os.path.join(shared, ".alices")) in line, d.read_log()
+        # Her tree is the one the store recorded, v2 as she made it, not
+        # where bob renamed it to (review rev213 H1): v2 is his now.
+        assert "resolves into %s still, but that directory is now owned by uid %d (was uid " \
+            "%d): a tree made again" % (v2, BOB_UID, ALICE_UID) in line, d.read_log()
         assert WAITS in line and "generation 1 still serving" in line, line
         assert "generation 1" in served(d, "alice")
         assert 'model "alice": generation 2' not in d.read_log(), d.read_log()
-        assert "a moved tree" in model_entry(d, "alice")["waits_for_reload"]
+        assert "a tree made again" in model_entry(d, "alice")["waits_for_reload"]
         operators_reload_serves_v2(d)
     after_a_warm_restart(tmp_path, v2, waits, while_down=lambda: as_bob(BOB_TAKES_V2, shared))
 
