@@ -588,13 +588,15 @@ def waits(d, secret, what, reason):
 
 def restored_then_waits(d, line, secret, when):
     """After a warm restart that restored llama's generation 1: its next
-    reload through the renamed place waits for the operator (the line names
-    the directory), and root's private model (secret) is never generation 2."""
+    reload through the renamed place waits for the operator (judged against
+    the tree the store recorded, llama as it was: the directory at its path
+    is another one, renamed in where others may rename entries: review
+    rev213 H1), and root's private model (secret) is never generation 2."""
     assert "generation 1 restored" in line, d.read_log()
     _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
                              timeout=60)
     log = d.read_log()
-    assert "goes through the directory" in line, log
+    assert "another directory than the tree serving (a new inode)" in line, log
     assert 'model "llama": generation 2' not in log, \
         "root's private %s served as llama %s:\n%s" % (secret, when, log)
 
@@ -609,7 +611,8 @@ def test_roots_private_dir_renamed_over_in_a_2775_place_while_down_waits(tmp_pat
     stored file has a name now (restore_moved_tree: llama.old). llama is a
     sibling of llama.old owned by root: sibling_swap takes it, no link, the
     M1 inode check never runs (path_same false): root's private model is
-    "llama" generation 2."""
+    "llama" generation 2. (Since rev213 H1 the tree kept is the one the
+    store recorded, llama's root inode: the M1 check refuses the new one.)"""
     shared = made_by(tmp_path / "shared", 0, 0o2775)
     llama = made_by(os.path.join(shared, "llama"), 0)
     mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
