@@ -461,18 +461,13 @@ file_place(const char *file, const char *path)
 static char *
 fd_place(int fd, const char *path)
 {
-	static const char deleted[] = " (deleted)";
-	char buf[PATH_MAX], link[64];
-	ssize_t n;
+	char *name = mountrule_fd_realpath(fd, path, NULL, 0), *place;
 
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	if ((n = readlink(link, buf, sizeof(buf) - 1)) <= 0 || buf[0] != '/')
+	if (name == NULL)
 		return NULL;
-	buf[n] = '\0';
-	if ((size_t)n >= sizeof(deleted) - 1 &&
-		strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
-		return NULL;
-	return file_place(buf, path);
+	place = file_place(name, path);
+	free(name);
+	return place;
 }
 
 /* What restore_owners_tree's walk holds the links on a path to: their
@@ -575,7 +570,10 @@ restore_moved_tree(struct restore_prepared *p, const char *path)
 		(place = fd_place(p->src.files[0].fd, path)) == NULL)
 		return;
 	free(p->resolved_path);
-	p->resolved_path = gen_resolved_path(place, realpath(place, NULL), &p->src, NULL, &found);
+	/* the place's real path by its judged walk, never by name: bob may
+	 * have moved the file beneath his own FUSE mount (review rev210 H1) */
+	p->resolved_path = gen_resolved_path(place, mountrule_realpath(NULL, place, NULL, 0),
+		&p->src, NULL, &found);
 	/* Only a tree of its file's owner (or root's), reached by no one
 	 * else's link (review rev213 H1, H2): else none, and the reload
 	 * waits for the operator's. */

@@ -40,6 +40,7 @@
 #include "generation.h"
 #include "listen.h"
 #include "log.h"
+#include "mountrule.h"
 #include "notify.h"
 #include "restore.h"
 #include "restore_internal.h"
@@ -373,8 +374,10 @@ restore_work(struct workq_job *w)
 	struct restore_prepared *cur = &j->gens[0];
 	/* What the path resolves to, around the checks, as a load takes it
 	 * around its opens: attaches by the real path find the model once
-	 * this generation serves, as after a load (registry_find). */
-	char *resolved = realpath(j->path, NULL);
+	 * this generation serves, as after a load (registry_find). By the
+	 * judged walk, never realpath(3): a neighbour's link at the path into
+	 * his FUSE mount made its lookup wait on his server for good (h282). */
+	char *resolved = mountrule_realpath(NULL, j->path, NULL, 0);
 	struct gen_found_tree found = { .root = NULL };
 	const struct fdstore_tree *tree = &j->s->desc->models[j->model].tree;
 

@@ -410,6 +410,56 @@ def untreed(mgr):
             os.close(fd)
 
 
+def alices_team_model_stored(tmp_path):
+    """alice's one-file model straight in team/ (2775, bob a member; bob's
+    own directory bobdir in it), stored by a wcached that then stopped:
+    (team, d, mgr)."""
+    neighbours_place(tmp_path, "unused")
+    team = made_by(tmp_path / "team", 0, 0o2775)
+    os.chown(team, 0, GROUP)
+    os.chmod(team, 0o2775)
+    llama = mkmodel(os.path.join(team, "llama.safetensors"), seed=1)
+    os.chown(llama, ALICE_UID, GROUP)
+    as_bob("mkdir -m 0755 bobdir", team)
+    return (team,) + stored_then_stopped(tmp_path, llama)
+
+
+def stored_then_stopped(tmp_path, llama):
+    """wcached (as USER) serving llama at the path llama, its description
+    stored, then stopped: (d, mgr)."""
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)
+    d = Daemon(tmp_path, {"llama": llama}, user=USER, nofile=1024)
+    start(d, mgr, user=USER)
+    stored(d, mgr)
+    assert d.stop() == 0, d.read_log()
+    return d, mgr
+
+
+def restarts_asking_no_server(d, mgr, fs, line, what, waits=False):
+    """wcached started again warm, bob's FUSE server fs mounted: the line
+    (a regex) comes, and no thread waits on his server (with waits, llama
+    waits for the operator's reload); with his server still mounted,
+    wcached stops (exit 0). Ends fs, d and mgr."""
+    status = None
+    try:
+        time.sleep(0.3)
+        start(d, mgr, *mgr.listen_fds(), user=USER)
+        wait_until(lambda: blocked_in_fuse(d.proc.pid) or re.search(line, d.read_log()),
+                   what=what + ", or a thread in bob's server")
+        stuck = blocked_in_fuse(d.proc.pid)
+        assert not stuck, ("a wcached thread waits on bob's FUSE server", stuck, fs.ops,
+                           d.read_log())
+        assert not waits or "waits_for_reload" in model_entry(d, "llama"), \
+            model_entry(d, "llama")
+        status = d.stop(timeout=20)   # his server still mounted
+    finally:
+        fs.close()
+        d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
 def test_the_upgrade_restart_takes_no_tree_from_a_stored_file_a_neighbour_moved_under_his_mount(
         tmp_path):
     """rev210 H1: alice's one-file model straight in team/ (2775, bob a
@@ -423,40 +473,13 @@ def test_the_upgrade_restart_takes_no_tree_from_a_stored_file_a_neighbour_moved_
     not stop. Now a stored file no longer where the model's path leads
     tells no tree: the model waits for `wcachectl reload llama`, saying
     why, no thread asks his server, and wcached stops."""
-    neighbours_place(tmp_path, "unused")
-    team = made_by(tmp_path / "team", 0, 0o2775)
-    os.chown(team, 0, GROUP)
-    os.chmod(team, 0o2775)
-    llama = mkmodel(os.path.join(team, "llama.safetensors"), seed=1)
-    os.chown(llama, ALICE_UID, GROUP)
-    as_bob("mkdir -m 0755 bobdir", team)
-    bobdir = os.path.join(team, "bobdir")
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
-    os.chmod(mgr.path, 0o666)
-    d = Daemon(tmp_path, {"llama": llama}, user=USER, nofile=1024)
-    start(d, mgr, user=USER)
-    stored(d, mgr)
-    assert d.stop() == 0, d.read_log()
+    team, d, mgr = alices_team_model_stored(tmp_path)
     untreed(mgr)
     as_bob("mv llama.safetensors bobdir/", team)
-    fs = HangFS(bobdir, BOB_UID, GROUP)
-    status = None
-    try:
-        time.sleep(0.3)
-        start(d, mgr, *mgr.listen_fds(), user=USER)
-        waits = re.compile(r'model "llama": not restored: .*wcachectl reload llama')
-        wait_until(lambda: blocked_in_fuse(d.proc.pid) or waits.search(d.read_log()),
-                   what="llama's wait, or a thread in bob's server")
-        stuck = blocked_in_fuse(d.proc.pid)
-        assert not stuck, ("a wcached thread waits on bob's FUSE server", stuck, fs.ops,
-                           d.read_log())
-        assert "waits_for_reload" in model_entry(d, "llama"), model_entry(d, "llama")
-        status = d.stop(timeout=20)   # his server still mounted
-    finally:
-        fs.close()
-        d.stop()
-        mgr.close()
-    assert status == 0, d.read_log()
+    fs = HangFS(os.path.join(team, "bobdir"), BOB_UID, GROUP)
+    restarts_asking_no_server(d, mgr, fs,
+                              r'model "llama": not restored: .*wcachectl reload llama',
+                              "llama's wait", waits=True)
 
 
 @pytest.mark.parametrize("what", ["nothing", "his_file", "his_proc_link"])
@@ -752,3 +775,44 @@ def test_the_upgrade_restart_takes_no_tree_from_a_staged_copys_origin_bob_moved(
     finally:
         d.stop()
         mgr.close()
+
+
+def test_a_warm_restart_takes_no_real_path_by_name_through_a_neighbours_link_to_his_mount(
+        tmp_path):
+    """h282: alice's one-file model straight in team/ (2775, bob a member),
+    stored by wcached. While wcached restarts bob renames her file aside
+    (llama.old) and puts his link llama.safetensors -> bobdir/x at its
+    name, his FUSE server (answering INIT alone) mounted on bobdir. The
+    restart's check (restore_work) took realpath(3) of the model's path
+    before any judged walk: its readlink of the link and lookup of x asked
+    his server (LOOKUP), never answered: the model was never listed and
+    wcached did not stop. Now the real path is the kernel's name for what
+    the judged walk reached (mountrule_realpath), the walk refuses his
+    mount: no thread asks his server, llama's line comes, and wcached
+    stops."""
+    team, d, mgr = alices_team_model_stored(tmp_path)
+    as_bob("mv llama.safetensors llama.old && ln -s bobdir/x llama.safetensors", team)
+    fs = HangFS(os.path.join(team, "bobdir"), BOB_UID, GROUP)
+    restarts_asking_no_server(d, mgr, fs, r'model "llama": not restored: .*: bobdir lies on fuse',
+                              "llama's line")
+
+
+def test_the_upgrade_restart_takes_no_real_path_by_name_of_a_moved_file_under_his_mount(
+        tmp_path):
+    """The upgrade restart (no tree recorded): bob removes v2's name of
+    alice's file (the check passes: its link count changed), renames v1's
+    into his home (C/B) and mounts his FUSE server (answering INIT alone)
+    on C, over it. The generation is restored, moved; restore_moved_tree
+    took the place /proc/self/fd names (C/B, the model is a directory) and
+    its realpath(3): a LOOKUP of B to his server, never answered: llama never
+    listed, wcached never stopped. Now the place's real path is taken by
+    the judged walk, which refuses his mount: no tree; generation 1 serves
+    and its path is reloaded (no model at bob's link now), and wcached
+    stops."""
+    v1, v2, bobs = alices_versions_by_bobs_link(tmp_path)
+    d, mgr = stored_then_stopped(tmp_path, os.path.join(bobs, "llama"))
+    untreed(mgr)
+    as_bob("mkdir -m 755 C && " + moves_alices_file(v1, v2, into="C/B") + "true", bobs)
+    fs = HangFS(os.path.join(bobs, "C"), BOB_UID, GROUP)
+    restarts_asking_no_server(d, mgr, fs, r'model "llama": generation 1 serves, but its path '
+                              r'leads to other files now', "llama's line")
