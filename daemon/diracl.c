@@ -33,7 +33,12 @@
 #define NFS4_ADD_FILE 0x2
 #define NFS4_ADD_SUBDIRECTORY 0x4
 #define NFS4_DELETE_CHILD 0x40
-#define NFS4_ENTRIES (NFS4_ADD_FILE | NFS4_ADD_SUBDIRECTORY | NFS4_DELETE_CHILD)
+/* Who may rewrite the ACL or take the directory may give himself the rest
+ * and take it back before anyone looks (review rev214 M1). */
+#define NFS4_WRITE_ACL 0x40000
+#define NFS4_WRITE_OWNER 0x80000
+#define NFS4_ENTRIES (NFS4_ADD_FILE | NFS4_ADD_SUBDIRECTORY | NFS4_DELETE_CHILD | \
+	NFS4_WRITE_ACL | NFS4_WRITE_OWNER)
 #define NFS4_ACE 16
 #define NFS4_OWNER "OWNER@"
 #define NFS_MAGIC 0x6969 /* NFS_SUPER_MAGIC: v2, v3 and v4 alike */
@@ -121,6 +126,15 @@ mode_tells(const struct fs_info *fs)
 	return strncmp(fs->name, "0x", 2) != 0 && strcmp(fs->name, "zfs") != 0;
 }
 
+/* AFS (OpenAFS's and the kernel's kAFS) checks only a directory's own ACL,
+ * never its mode bits: any directory there may be one others write in
+ * (review rev214 M2). */
+static int
+acl_only(const struct fs_info *fs)
+{
+	return strcmp(fs->name, "afs") == 0 || strcmp(fs->name, "kafs") == 0;
+}
+
 /*
  * Whether others than the owner may write in the directory at path, on a
  * filesystem without POSIX ACLs (their read said ENOTSUP), its group
@@ -143,7 +157,7 @@ no_posix_acls(const char *path, int group, unsigned char *value, size_t size)
 
 	if (statfs(path, &sf) == 0 && (unsigned long)sf.f_type != NFS_MAGIC) {
 		fstype_classify((unsigned long)sf.f_type, &fs);
-		return group && (fs.remote || !mode_tells(&fs));
+		return acl_only(&fs) || (group && (fs.remote || !mode_tells(&fs)));
 	}
 	n = getxattr(path, "system.nfs4_acl", value, size);
 	if (n >= 0)

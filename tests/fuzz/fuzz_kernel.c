@@ -85,7 +85,8 @@
  *     ACEs of four big-endian words (type, flag, access, who's length L)
  *     and L bytes rounded up to a multiple of 4, ending at the value's
  *     end; then 1 where an ACE of type 0 without flag 8 has access bit
- *     2, 4 or 0x40 and its L bytes are not "OWNER@"; else 0.
+ *     2, 4, 0x40, 0x40000 or 0x80000 and its L bytes are not "OWNER@";
+ *     else 0.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -919,7 +920,7 @@ oracle_nfs4(const uint8_t *b, size_t len)
 			room++;
 		if (room > len - at)
 			return 1;
-		if (type == 0 && (flag & 8) == 0 && (access & 0x46) != 0 &&
+		if (type == 0 && (flag & 8) == 0 && (access & 0xC0046) != 0 &&
 			!(who == 6 && memcmp(b + at, "OWNER@", 6) == 0))
 			lets = 1;
 		at += (size_t)room;

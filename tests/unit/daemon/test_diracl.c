@@ -264,6 +264,15 @@ test_no_posix_acls(void **state)
 	fake.magic = 0x2FC12FC1; /* zfs */
 	diracl_fold(-1, dir, &st);
 	assert_true((st.st_mode & S_IWOTH) != 0);
+	/* AFS and kAFS check a directory's ACL alone, never its mode: 0755
+	 * too (review rev214 M2). */
+	assert_int_equal(chmod(dir, 0755), 0);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(stat(dir, &st), 0);
+		fake.magic = i == 0 ? 0x5346414F : 0x6B414653;
+		diracl_fold(-1, dir, &st);
+		assert_int_equal(st.st_mode & 07777, 0757);
+	}
 	fake.on = 0;
 	tu_rmtree(dir);
 }
@@ -275,7 +284,8 @@ struct nfs4 {
 };
 
 enum { ALLOW = 0, DENY = 1, INHERIT_ONLY = 0x8, FILE_INHERIT = 0x1, READ_DATA = 0x1,
-	ADD_FILE = 0x2, ADD_SUBDIRECTORY = 0x4, EXECUTE = 0x20, DELETE_CHILD = 0x40 };
+	ADD_FILE = 0x2, ADD_SUBDIRECTORY = 0x4, EXECUTE = 0x20, DELETE_CHILD = 0x40,
+	WRITE_ACL = 0x40000, WRITE_OWNER = 0x80000 };
 
 static void
 put_be(struct nfs4 *a, uint32_t v)
@@ -428,6 +438,14 @@ test_nfs4_fold(void **state)
 	b = a;
 	nfs4_ace(&b, DENY, 0, ADD_FILE | DELETE_CHILD, "bob@dom");
 	assert_int_equal(nfs4_fold(0755, &b, 0), 0755);
+	/* WRITE_ACL, WRITE_OWNER: bob may give himself the rest (review
+	 * rev214 M1). */
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, WRITE_ACL, "bob@dom");
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0757);
+	b = a;
+	nfs4_ace(&b, ALLOW, 0, WRITE_OWNER, "bob@dom");
+	assert_int_equal(nfs4_fold(0755, &b, 0), 0757);
 	/* A truncated value, one past 4 KiB (ERANGE), an error: others
 	 * write, 0700 too. */
 	b = a;
