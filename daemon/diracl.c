@@ -205,12 +205,3 @@ diracl_fstat(int fd, struct stat *st)
 	diracl_fold(fd, NULL, st);
 	return 0;
 }
-
-int
-diracl_stat(const char *path, struct stat *st)
-{
-	if (stat(path, st) != 0)
-		return -1;
-	diracl_fold(-1, path, st);
-	return 0;
-}

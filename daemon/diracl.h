@@ -64,8 +64,4 @@ void diracl_fold(int fd, const char *path, struct stat *st);
 /* fstat(2) of the directory open as fd, then diracl_fold: 0 or -1 with errno. */
 int diracl_fstat(int fd, struct stat *st);
 
-/* stat(2) of path (following a link), then diracl_fold asked by that name:
- * 0 or -1 with errno. */
-int diracl_stat(const char *path, struct stat *st);
-
 #endif

@@ -682,6 +682,26 @@ others_rename_in(const struct stat *st)
 }
 
 /*
+ * The directory path, reached by the judged walk in the run w (NULL: one
+ * of its own; mountrule_open: one name at a time, nothing looked up in a
+ * user's FUSE mount, whose server may never answer) and its fstat, its
+ * ACL folded in (diracl_fstat), read from the walk's descriptor, never by
+ * name: 0, or -1 where the walk or the fstat failed (it cannot be told).
+ */
+static int
+judged_stat(struct mountrule_walk *w, const char *path, struct stat *st)
+{
+	char why[8];
+	int fd = mountrule_open(w, path, why, sizeof(why)), r;
+
+	if (fd < 0)
+		return -1;
+	r = diracl_fstat(fd, st);
+	close(fd);
+	return r;
+}
+
+/*
  * Whether the files of q, wcached's own reload, may be taken where they
  * lie: where the directory holding them (as found) is one others may
  * rename entries in, only the files of the generation it replaces (the
@@ -902,7 +922,7 @@ renamed_in(const struct load_request *q)
 		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
 		return 0;
 	dir = path_dir(q->root);
-	open = dir == NULL || diracl_stat(dir, &up) != 0 || others_rename_in(&up);
+	open = dir == NULL || judged_stat(NULL, dir, &up) != 0 || others_rename_in(&up);
 	free(dir);
 	return open;
 }
@@ -3408,6 +3428,7 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 {
 	struct rename_place p = { .why = why, .len = len };
 	struct registry_walk *w = malloc(sizeof(*w));
+	struct mountrule_walk run;
 	char *dir, *up;
 	int err;
 
@@ -3438,15 +3459,21 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 	if (p.found || err == 0)
 		return p.found;
 	/* Not walked at all, or stopped in a private directory: the
-	 * directories above it as spelled too. */
+	 * directories above it as spelled too, each by the judged walk (one
+	 * run: the mount table read once), never by name: a stat(2) asked
+	 * the server of a neighbour's FUSE mount met on the way, which may
+	 * never answer. One the walk cannot reach cannot be told, as one
+	 * gone. */
+	mountrule_walk_init(&run);
 	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
 		struct stat st;
-		int found = diracl_stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+		int found = judged_stat(&run, dir, &st) == 0 && S_ISDIR(st.st_mode);
 
 		if (found && others_rename_in(&st))
 			say_place(&p, dir, &st);
 		up = dir[0] != '\0' && strcmp(dir, "/") != 0 && !p.found ? path_dir(dir) : NULL;
 		free(dir);
 	}
+	mountrule_walk_end(&run);
 	return p.found;
 }

@@ -13,6 +13,9 @@
  * /proc/self/fd (the descriptor workers get), as wcached out of file
  * descriptors would. statx is counted within mountrule_open's walks in a
  * run (an operator's load's look at a place: review rev212 M2).
+ * mountrule_open refuses one path a test names (-EXDEV, as the walk
+ * refuses a neighbour's FUSE mount), and stat(2) of that path by name is
+ * recorded: it would ask his server, which may never answer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -68,6 +71,8 @@ char *__real_strdup(const char *s);
 char *__wrap_strdup(const char *s);
 int __real_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx);
 int __wrap_statx(int at, const char *path, int flags, unsigned mask, struct statx *sx);
+int __real_stat(const char *path, struct stat *st);
+int __wrap_stat(const char *path, struct stat *st);
 int __real_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
 int __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
 char *__real_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
@@ -90,11 +95,29 @@ __wrap_statx(int at, const char *path, int flags, unsigned mask, struct statx *s
 	return __real_statx(at, path, flags, mask, sx);
 }
 
+/* A neighbour's FUSE mount at fuse_at (set while fuse_armed): the judged
+ * walk refuses it; fuse_asked counts the stat(2) calls by its name, each
+ * of which would have waited on his server. */
+static atomic_int fuse_armed, fuse_asked;
+static char fuse_at[4096];
+
+int
+__wrap_stat(const char *path, struct stat *st)
+{
+	if (atomic_load(&fuse_armed) && strcmp(path, fuse_at) == 0)
+		atomic_fetch_add(&fuse_asked, 1);
+	return __real_stat(path, st);
+}
+
 int
 __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len)
 {
 	int r;
 
+	if (atomic_load(&fuse_armed) && strcmp(path, fuse_at) == 0) {
+		snprintf(why, len, "%s: fuse mounted by uid 12345 (the test's)", path);
+		return -EXDEV;
+	}
 	in_run += w != NULL;
 	r = __real_mountrule_open(w, path, why, len);
 	in_run -= w != NULL;
@@ -318,6 +341,8 @@ setup(void **state)
 	atomic_store(&fail_fstat, 0);
 	atomic_store(&fail_memfd, 0);
 	atomic_store(&fail_index_reopen, 0);
+	atomic_store(&fuse_armed, 0);
+	atomic_store(&fuse_asked, 0);
 	atomic_store(&swap_at, 0);
 	atomic_store(&swapped, 0);
 	atomic_store(&back_at, 0);
@@ -3290,6 +3315,71 @@ test_rev198_roots_private_dir_renamed_over_in_2775_waits(void **state)
 }
 
 /*
+ * rev198 M1's renamed_in, where the directory above the tree cannot be
+ * reached: srv (root's, 0755) is where a neighbour's FUSE mount, whose
+ * server never answers, stands by the time root renames his private
+ * other at llama. renamed_in's stat(2) of srv by name asked that server
+ * (a work thread held for good); the judged walk refuses the mount, and a
+ * place that cannot be told is taken as one others may rename in: the
+ * reload waits for the operator (rev198_private_waits: -EXDEV, nothing
+ * loaded). fuse_at: bob's mount (the wrap), there from the first load on.
+ */
+static void
+test_renamed_in_walks_to_the_directory_above(void **state)
+{
+	struct du *t = *state;
+
+	snprintf(fuse_at, sizeof(fuse_at), "%s/srv", t->dir);
+	atomic_store(&fuse_armed, 1);
+	rev198_private_waits(state, "mkdir -p srv/llama srv/other && chmod 0755 srv",
+		"srv/llama/model.safetensors", "srv/llama",
+		"cd srv && mv llama llama.old && mv other llama");
+	atomic_store(&fuse_armed, 0);
+	print_message("renamed_in: stat(2) of srv by name %d time(s)\n", atomic_load(&fuse_asked));
+	assert_int_equal(atomic_load(&fuse_asked), 0); /* else a thread waits on bob's server */
+}
+
+/*
+ * registry_others_rename_on where the walk of links failed (out of
+ * memory at its start: the wrapped strdup of the path fails once) and
+ * stopped in a private directory ("/"): the directories the path spells
+ * above it are judged, each by the judged walk. open (0777, not sticky)
+ * above priv (0755) above gone/: open is said. With a neighbour's FUSE
+ * mount at open (fuse_at), never answering, the loop's stat(2) by name
+ * asked his server; the walk refuses it, and it cannot be told, as a
+ * directory gone.
+ */
+static void
+test_others_rename_on_walks_the_directories_above(void **state)
+{
+	struct du *t = *state;
+	char path[4096], why[4096];
+	int r;
+
+	snprintf(path, sizeof(path), "cd %s && mkdir -p open/priv && chmod 0777 open && "
+		"chmod 0755 open/priv", t->dir);
+	assert_int_equal(system(path), 0);
+	snprintf(path, sizeof(path), "%s/open/priv/gone/model.safetensors", t->dir);
+	snprintf(fuse_at, sizeof(fuse_at), "%s/open", t->dir);
+	snprintf(strdup_fail_of, sizeof(strdup_fail_of), "%s", path);
+	atomic_store(&strdup_armed, 1);
+	assert_int_equal(registry_others_rename_on(path, why, sizeof(why)), 1);
+	assert_int_equal(atomic_exchange(&strdup_failed, 0), 1);
+	assert_int_equal(strncmp(why, fuse_at, strlen(fuse_at)), 0);
+	assert_string_equal(why + strlen(fuse_at), " (uid 0, mode 0777)");
+	atomic_store(&fuse_armed, 1);
+	why[0] = '\0';
+	atomic_store(&strdup_armed, 1);
+	r = registry_others_rename_on(path, why, sizeof(why));
+	atomic_store(&fuse_armed, 0);
+	assert_int_equal(atomic_exchange(&strdup_failed, 0), 1);
+	print_message("others_rename_on: %d (%s), stat(2) of open by name %d time(s)\n", r, why,
+		atomic_load(&fuse_asked));
+	assert_int_equal(atomic_load(&fuse_asked), 0); /* else a thread waits on bob's server */
+	assert_true(r == 0 || strncmp(why, fuse_at, strlen(fuse_at)) != 0);
+}
+
+/*
  * rev198 L: root's own link llama -> ././.../v2 whose text is 4095 bytes
  * (the longest the kernel makes and follows): the walk reads a link's text
  * into PATH_MAX - 1 bytes and takes a text that fills them for too long
@@ -3554,6 +3644,10 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev212_place_of_look_has_one_budget, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_renamed_in_walks_to_the_directory_above,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_others_rename_on_walks_the_directories_above,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rev212_place_past_a_directory_that_cannot_be_named, setup, teardown),
 	};
