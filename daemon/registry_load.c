@@ -686,17 +686,17 @@ others_rename_in(const struct stat *st)
  * of its own; mountrule_open: one name at a time, nothing looked up in a
  * user's FUSE mount, whose server may never answer) and its fstat, its
  * ACL folded in (diracl_fstat), read from the walk's descriptor, never by
- * name: 0, or -1 where the walk or the fstat failed (it cannot be told).
+ * name: 0, or -errno where the walk (why, len bytes: its refusal, -EXDEV)
+ * or the fstat failed (it cannot be told).
  */
 static int
-judged_stat(struct mountrule_walk *w, const char *path, struct stat *st)
+judged_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *why, size_t len)
 {
-	char why[8];
-	int fd = mountrule_open(w, path, why, sizeof(why)), r;
+	int fd = mountrule_open(w, path, why, len), r;
 
 	if (fd < 0)
-		return -1;
-	r = diracl_fstat(fd, st);
+		return fd;
+	r = diracl_fstat(fd, st) == 0 ? 0 : -errno;
 	close(fd);
 	return r;
 }
@@ -914,6 +914,7 @@ check_links(struct load_request *q)
 static int
 renamed_in(const struct load_request *q)
 {
+	char why[MOUNTRULE_WHY];
 	struct stat up;
 	char *dir;
 	int open;
@@ -922,7 +923,8 @@ renamed_in(const struct load_request *q)
 		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
 		return 0;
 	dir = path_dir(q->root);
-	open = dir == NULL || judged_stat(NULL, dir, &up) != 0 || others_rename_in(&up);
+	open = dir == NULL || judged_stat(NULL, dir, &up, why, sizeof(why)) != 0 ||
+		others_rename_in(&up);
 	free(dir);
 	return open;
 }
@@ -3462,15 +3464,21 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 	 * directories above it as spelled too, each by the judged walk (one
 	 * run: the mount table read once), never by name: a stat(2) asked
 	 * the server of a neighbour's FUSE mount met on the way, which may
-	 * never answer. One the walk cannot reach cannot be told, as one
-	 * gone. */
+	 * never answer. One gone cannot be told; one the walk refuses (a
+	 * user's FUSE mount on the way: its user may rename anything there)
+	 * is such a place. */
 	mountrule_walk_init(&run);
 	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
+		char refused[MOUNTRULE_WHY];
 		struct stat st;
-		int found = judged_stat(&run, dir, &st) == 0 && S_ISDIR(st.st_mode);
+		int r = judged_stat(&run, dir, &st, refused, sizeof(refused));
 
-		if (found && others_rename_in(&st))
+		if (r == -EXDEV) {
+			snprintf(p.why, p.len, "%s", refused);
+			p.found = 1;
+		} else if (r == 0 && S_ISDIR(st.st_mode) && others_rename_in(&st)) {
 			say_place(&p, dir, &st);
+		}
 		up = dir[0] != '\0' && strcmp(dir, "/") != 0 && !p.found ? path_dir(dir) : NULL;
 		free(dir);
 	}
