@@ -88,4 +88,13 @@ void du_log_start(struct du *t);
 /* Stops capturing and returns what was logged (malloc'd). */
 char *du_log_stop(struct du *t);
 
+/* mountrule.h's real paths, for the tests that wrap them (-Wl,--wrap=). */
+struct mountrule_walk;
+char *__real_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
+	size_t len);
+char *__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
+	size_t len);
+char *__real_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+char *__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+
 #endif

@@ -18,8 +18,8 @@
  * while that retry runs (review rev182 F2); nothing calls the registry
  * back once it is closed. munmap is wrapped (tests/CMakeLists.txt) to hold
  * a lane at a gate: the unmap of one mapping waits until the test opens
- * it; realpath is defined here, over libc's, to hold a load on the work
- * queue's thread after its files are opened.
+ * it; mountrule_realpath and mountrule_fd_realpath too, to hold a load on
+ * the work queue's thread after its files are opened.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +45,7 @@
 
 #include "closer.h"
 #include "daemonutil.h"
+#include "mountrule.h"
 #include "registry.h"
 #include "testutil.h"
 
@@ -652,32 +653,33 @@ static sem_t realpath_in, realpath_go;
 static const char *hold_path;
 static pthread_t main_thread;
 
-/* Over libc's (the daemon calls realpath(path, NULL)): the realpath_hold-th
- * call for hold_path off the main thread waits at realpath_go; the second
- * of a load (gen_resolved_path) comes after its files are opened. */
-char *
-realpath(const char *restrict path, char *restrict resolved)
+/* A load's real paths of its path (mountrule.h): the realpath_hold-th for
+ * hold_path off the main thread waits at realpath_go; the second of a load
+ * (gen_resolved_path's, after the load's own walk's) comes after its files
+ * are opened. */
+static void
+realpath_gate(const char *path)
 {
-	char *real;
-	size_t len;
-
 	if (atomic_load(&realpath_hold) > 0 && hold_path != NULL &&
 		strcmp(path, hold_path) == 0 && !pthread_equal(pthread_self(), main_thread) &&
 		atomic_fetch_sub(&realpath_hold, 1) == 1) {
 		sem_post(&realpath_in);
 		sem_wait(&realpath_go);
 	}
-	if ((real = canonicalize_file_name(path)) == NULL || resolved == NULL)
-		return real;
-	len = strlen(real);
-	if (len >= PATH_MAX) {
-		free(real);
-		errno = ENAMETOOLONG;
-		return NULL;
-	}
-	memcpy(resolved, real, len + 1);
-	free(real);
-	return resolved;
+}
+
+char *
+__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	realpath_gate(path);
+	return __real_mountrule_realpath(w, path, why, len);
+}
+
+char *
+__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+{
+	realpath_gate(path);
+	return __real_mountrule_fd_realpath(fd, path, why, len);
 }
 
 /* A load refused for descriptors, retried as generation 1's descriptors

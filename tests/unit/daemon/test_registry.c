@@ -75,12 +75,6 @@ int __real_stat(const char *path, struct stat *st);
 int __wrap_stat(const char *path, struct stat *st);
 int __real_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
 int __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
-char *__real_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
-	size_t len);
-char *__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
-	size_t len);
-char *__real_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
-char *__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
 
 /* The statx calls made within walks of a run (mountrule_open with a run:
  * place_of's look, in an operator's load), one for each name walked. */
