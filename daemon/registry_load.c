@@ -3046,6 +3046,40 @@ keep_named(struct load_request *q, const struct model_entry *m)
 	return (q->named_path = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
 }
 
+/* Whether path is root or lies under it (both canonical). */
+static int
+path_under(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+
+	return strncmp(path, root, n) == 0 &&
+		(path[n] == '\0' || path[n] == '/' || (n > 0 && root[n - 1] == '/'));
+}
+
+/*
+ * Whether a restored generation's path named a file (sibling_swap's
+ * rule, review rev191 F1) where its real path cannot tell it: the
+ * restart found it NULL (the path leads elsewhere now) or out of the
+ * tree kept (path_under), and either read as "named no file",
+ * which let a one-file model's deployer rename her link to root's
+ * private model directory beside root's team place over her file's name
+ * while wcached restarted, and have it served (review rev215 H1). Told
+ * from the stored layout instead, failing closed: a generation of one
+ * file (nfiles; its format is not stored) is taken for a one-file model,
+ * whose path named that file (or a link to it) whatever its name (the
+ * path's suffix would miss a link named otherwise); a directory model of
+ * one file then only has its sibling swaps wait for the operator, never
+ * its updates in its tree (so too where nothing serves it and its kept
+ * file is one: keep_restart_files cannot tell a restart's from a
+ * withdrawn generation's). A sharded one named a file where its path is
+ * an index, the load's own rule (load_work). 0 or 1.
+ */
+static int
+untold_named_file(const struct load_request *q, size_t nfiles)
+{
+	return nfiles == 1 || file_has_suffix(q->path, ".safetensors.index.json");
+}
+
 /*
  * A watched reload q of a model that nothing serves keeps what a warm
  * restart told of the files its stored generation served (k: their
@@ -3077,7 +3111,11 @@ keep_restart_files(struct load_request *q, const struct registry_kept_files *k)
 	 * format is not stored), as keep_tree takes one. */
 	q->keep_file_known = k->nfiles == 1;
 	q->keep_file_uid = k->owners[0];
-	q->keep_named_file = k->named_file;
+	/* Where the stored file is now tells what the path named only where
+	 * it is still straight in the tree (k->named_file); else the layout
+	 * tells it (untold_named_file, review rev215 H1). */
+	q->keep_named_file = k->named_file ||
+		untold_named_file(q, k->nfiles);
 	return 0;
 }
 
@@ -3135,7 +3173,9 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->keep_root_dev = g->tree_dev;
 		q->keep_root_ino = g->tree_ino;
 		q->keep_named_file = g->resolved_path != NULL &&
-			file_in(g->resolved_path, g->tree_root);
+				path_under(g->resolved_path, g->tree_root) ?
+			file_in(g->resolved_path, g->tree_root) :
+			untold_named_file(q, g->source.nfiles);
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
 	}
 	if (g != NULL && g->resolved_path != NULL)

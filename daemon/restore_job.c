@@ -348,10 +348,11 @@ take_tree(struct restore_prepared *p, const char *path, const struct fdstore_tre
 		       found->root != NULL && !restore_found_tree_owned(p, path, found)) {
 		free(found->root);
 		found->root = NULL;
-		if (!recorded) { /* the reload would find the root from it */
-			free(p->resolved_path);
-			p->resolved_path = NULL;
-		}
+		/* The reload would find the root from it; and beside the tree
+		 * recorded it names a place that is not the model's: attaches by
+		 * it, status (review rev215 H1). */
+		free(p->resolved_path);
+		p->resolved_path = NULL;
 	}
 	p->tree_root = found->root;
 	p->tree_uid = found->uid;

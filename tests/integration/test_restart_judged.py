@@ -23,6 +23,7 @@ from test_reload_refused import REMOTE, SECRET_BYTES, remote_place, secret_never
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, FakeManager,
                               alices_file_in_a_shared_place, as_alice, as_bob, made_by,
                               roots_private_model)
+from test_tree_places import warm_restart as tp_warm_restart
 from test_warm_restart import ready, sealed_memfd, start
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
@@ -816,3 +817,106 @@ def test_the_upgrade_restart_takes_no_real_path_by_name_of_a_moved_file_under_hi
     fs = HangFS(os.path.join(bobs, "C"), BOB_UID, GROUP)
     restarts_asking_no_server(d, mgr, fs, r'model "llama": generation 1 serves, but its path '
                               r'leads to other files now', "llama's line")
+
+
+# Review rev215 H1: after a warm restart a one-file model's path counted as
+# having named no file (keep_named_file read from the restored generation's
+# real path: NULL where its path moved, or outside the recorded tree), so
+# rev191 F1 was off and alice's link to root's private model directory beside
+# root's team place was served as her generation 2.
+PRIV_SWAP = "ln -s ../priv .n && mv -T .n m.safetensors"
+
+
+def alices_file_beside_roots_private_model(tmp_path):
+    """rev191 F1's setup (test_tree_places): alice's one-file model straight
+    in root's sticky team place shared (1775: its tree, root's); root's
+    private sharded model priv beside it (wcached may read it, alice not);
+    alice's own directory aplace. (shared, m, priv)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    m = mkmodel(os.path.join(shared, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    made_by(tmp_path / "aplace", ALICE_UID)
+    return shared, m, roots_private_model(tmp_path / "priv", sharded=True)
+
+
+def roots_model_never_alices(d, priv):
+    """alice's next load waited for the operator ("a moved tree"): root's
+    private model (its shard's size) never served as her generation 2."""
+    _, line = d.wait_for_log(r'model "alice": (its path|generation 2 from)', timeout=60)
+    time.sleep(2)   # anything wcached would load by itself comes meanwhile
+    log = d.read_log()
+    size = os.stat(os.path.join(priv, "s.safetensors")).st_size
+    assert not re.search(r'model "alice": generation 2 from', log), \
+        "root's private model (%d bytes) served as alice's generation 2:\n%s" % (size, log)
+    assert "now resolves into %s" % priv in line and "a moved tree" in line, line
+    assert "wcachectl reload alice" in line, line
+    assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")
+
+
+@pytest.mark.parametrize("down,after", [
+    # restored, its path moved (her file's last name gone): no real path
+    (PRIV_SWAP, None),
+    # restored with its real path in aplace (hers), outside the recorded
+    # tree (7fa2604 keeps it); her link to priv comes after the restart
+    ("ln m.safetensors ../aplace/m.safetensors && ln m.safetensors ../aplace/keep && "
+     "ln -s ../aplace/m.safetensors .n && mv -T .n m.safetensors", PRIV_SWAP),
+    # not restored (the rename moves the ctime): the stored file now lies
+    # in aplace, and the judged load's kept files told it named no file
+    ("mv m.safetensors ../aplace/m.safetensors && ln -s ../priv m.safetensors", None),
+], ids=["no-real-path", "real-path-out-of-tree", "not-restored"])
+def test_a_one_file_models_link_to_roots_private_model_beside_its_place_at_a_restart_waits(
+        tmp_path, down, after):
+    """alice's one-file model in root's team place (1775). While wcached
+    restarts (or just after) she renames her link to root's private model
+    directory beside the place over her model's name: it waits for the
+    operator's reload, as the same rename does while wcached runs (rev191
+    F1). Before, keep_named_file came from a real path the restart could not
+    tell (NULL, or outside the tree) as 0, and root's 275,384-byte model was
+    served as her generation 2 (review rev215 H1)."""
+    shared, m, priv = alices_file_beside_roots_private_model(tmp_path)
+
+    def then(d, line):
+        # a real path out of the recorded tree is dropped with the tree
+        # found there (take_tree): it names a place that is not the model's
+        assert "aplace" not in str(model_entry(d, "alice").get("resolved_path")), \
+            model_entry(d, "alice")
+        if after is not None:
+            as_alice(after, shared)
+        roots_model_never_alices(d, priv)
+    tp_warm_restart(tmp_path, {"alice": m}, "alice", then, lambda: as_alice(down, shared))
+
+
+def test_a_one_file_models_link_to_roots_private_model_after_a_plain_restart_waits(tmp_path):
+    """Control: a plain warm restart keeps serving generation 1, and then her
+    link to priv waits as while wcached runs."""
+    shared, m, priv = alices_file_beside_roots_private_model(tmp_path)
+
+    def then(d, line):
+        assert "generation 1 restored" in line, line
+        assert "generation 1" in d.attach("alice").stdout
+        as_alice(PRIV_SWAP, shared)
+        roots_model_never_alices(d, priv)
+    tp_warm_restart(tmp_path, {"alice": m}, "alice", then, lambda: None)
+
+
+@pytest.mark.parametrize("when", ["after", "while-down"])
+def test_a_one_file_models_own_update_at_a_restart_still_loads(tmp_path, when):
+    """Control: alice's own update of her file (a new file renamed over its
+    name, README's way) after a plain restart, or while wcached is down
+    (restored, its path moved: no real path), loads as her generation 2:
+    failing closed on what the path named touches only swaps to a directory
+    beside her place."""
+    shared, m, priv = alices_file_beside_roots_private_model(tmp_path)
+    new = mkmodel(os.path.join(shared, "m.tmp"), layers=2, seed=3)
+    os.chown(new, ALICE_UID, GROUP)
+    update = "mv m.tmp m.safetensors"
+
+    def then(d, line):
+        assert "generation 1 restored" in line, line
+        if when == "after":
+            as_alice(update, shared)
+        _, line = d.wait_for_log(r'model "alice": (its path|generation 2 from)', timeout=60)
+        assert 'generation 2 from %s: 1 file, %d bytes' % (m, os.stat(m).st_size) in line, line
+        assert "generation 2" in d.attach("alice").stdout
+    tp_warm_restart(tmp_path, {"alice": m}, "alice", then,
+                    lambda: as_alice(update, shared) if when == "while-down" else None)
