@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "base/path.h"
 #include "closer.h"
 #include "log.h"
 #include "registry_internal.h"
@@ -511,7 +510,6 @@ keep_withdrawn_files(struct model_entry *m, const struct generation *g)
 		src->index_st.st_ino != 0;
 	size_t n = src->nfiles + (index ? 1 : 0);
 	struct registry_kept_files kept = { .nfiles = n };
-	char *dir;
 
 	if (n == 0)
 		return 0;
@@ -529,12 +527,8 @@ keep_withdrawn_files(struct model_entry *m, const struct generation *g)
 	}
 	/* Its path named a file straight in its tree (keep_tree's
 	 * keep_named_file). */
-	if (g->resolved_path != NULL && g->tree_root != NULL &&
-		(dir = path_dir(g->resolved_path)) != NULL) {
-		kept.named_file = strcmp(dir, g->tree_root) == 0 &&
-			strcmp(g->resolved_path, g->tree_root) != 0;
-		free(dir);
-	}
+	kept.named_file = g->resolved_path != NULL && g->tree_root != NULL &&
+		registry_file_in(g->resolved_path, g->tree_root);
 	registry_kept_clear(&m->operator_tree.kept);
 	m->operator_tree.kept = kept;
 	m->operator_tree.owners_untold = 0;

@@ -144,4 +144,8 @@ struct registry_walk {
 int registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w);
 
+/* Whether path (a real path) names an entry straight in the directory
+ * root, not root itself (a one-file model's path named its file). */
+int registry_file_in(const char *path, const char *root);
+
 #endif

@@ -278,10 +278,8 @@ open_model(struct load_request *q, const char *path)
 
 static void drop_opened(struct load_request *q);
 
-/* Whether path (a real path) names an entry straight in the directory
- * root, not root itself. */
-static int
-file_in(const char *path, const char *root)
+int
+registry_file_in(const char *path, const char *root)
 {
 	char *dir = path_dir(path);
 	int in = dir != NULL && strcmp(dir, root) == 0 && strcmp(path, root) != 0;
@@ -309,7 +307,8 @@ sibling_swap(const struct load_request *q)
 {
 	char *d1 = path_dir(q->keep_root), *d2 = path_dir(q->root);
 	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 && q->keep_uid == q->root_uid &&
-		(!q->keep_named_file || (q->resolved != NULL && file_in(q->resolved, q->root)));
+		(!q->keep_named_file ||
+			(q->resolved != NULL && registry_file_in(q->resolved, q->root)));
 
 	free(d1);
 	free(d2);
@@ -564,7 +563,7 @@ linked_in(struct load_request *q)
 	const struct stat *st;
 	char who[384];
 
-	if (q->root != NULL && q->resolved != NULL && file_in(q->resolved, q->root) &&
+	if (q->root != NULL && q->resolved != NULL && registry_file_in(q->resolved, q->root) &&
 		others_write(q) && q->source.nfiles > 0) {
 		int replaces = q->named_path != NULL && strcmp(q->named_path, q->resolved) == 0;
 
@@ -969,7 +968,7 @@ same_tree(struct load_request *q)
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL &&
 		(q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid)) != NULL)
-		q->keep_named_file = file_in(q->keep_resolved, q->keep_root);
+		q->keep_named_file = registry_file_in(q->keep_resolved, q->keep_root);
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	/* A root of the same path is the same tree only with the same owner:
 	 * one removed or renamed away and made again by another user is his
@@ -3174,7 +3173,7 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->keep_root_ino = g->tree_ino;
 		q->keep_named_file = g->resolved_path != NULL &&
 				path_under(g->resolved_path, g->tree_root) ?
-			file_in(g->resolved_path, g->tree_root) :
+			registry_file_in(g->resolved_path, g->tree_root) :
 			untold_named_file(q, g->source.nfiles);
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
 	}
