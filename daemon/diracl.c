@@ -118,12 +118,12 @@ diracl_nfs4_write(const unsigned char *buf, size_t len)
  * Whether a local filesystem without POSIX ACLs (ENOTSUP) lets in whom its
  * mode says: one fstype.c knows, but ZFS, whose ENOTSUP is acltype=off or
  * NFSv4 ACLs of its own (acltype=nfsv4, TrueNAS SCALE) alike. A filesystem
- * it does not know ("0x...") cannot be told (review rev213 L1).
+ * it does not know (!known) cannot be told (review rev213 L1).
  */
 static int
 mode_tells(const struct fs_info *fs)
 {
-	return strncmp(fs->name, "0x", 2) != 0 && strcmp(fs->name, "zfs") != 0;
+	return fs->known && strcmp(fs->name, "zfs") != 0;
 }
 
 /* AFS (OpenAFS's and the kernel's kAFS) checks only a directory's own ACL,

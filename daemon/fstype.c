@@ -68,6 +68,7 @@ fstype_classify(unsigned long magic, struct fs_info *out)
 		if (known[i].magic == (magic & 0xFFFFFFFFul)) {
 			snprintf(out->name, sizeof(out->name), "%s", known[i].name);
 			out->remote = known[i].remote;
+			out->known = true;
 			return;
 		}
 	}
@@ -119,13 +120,14 @@ fstype_classify_name(const char *type, struct fs_info *out)
 		if (strncmp(type, known[i].name, strlen(known[i].name)) == 0) {
 			out->magic = known[i].magic;
 			out->remote = known[i].remote;
+			out->known = true;
 			if (out->remote)
 				snprintf(out->name, sizeof(out->name), "%s", known[i].name);
 			return;
 		}
 	for (size_t i = 0; i < sizeof(remote_names) / sizeof(remote_names[0]); i++)
 		if (strcmp(type, remote_names[i]) == 0)
-			out->remote = true;
+			out->remote = out->known = true;
 }
 
 /* The next blank-separated field of s from *at: its start, its length in

@@ -25,6 +25,7 @@ struct fs_info {
 	unsigned long magic;  /* f_type */
 	char name[16];        /* "ext4", "nfs", "fuse", or "0x1234abcd" when unknown */
 	bool remote;          /* a network or FUSE filesystem (see above) */
+	bool known;           /* a type fstype.c knows (name is not its magic) */
 	/* A FUSE mount a user made (fusermount3: mountinfo's super options say
 	 * user_id=UID, not 0), and that user: the mount table's only (0 and
 	 * false from statfs). A FUSE line whose user_id cannot be read is a

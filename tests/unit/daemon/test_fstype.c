@@ -81,12 +81,22 @@ test_names(void **state)
 		fstype_classify_name(cases[i].type, &fs);
 		assert_string_equal(fs.name, cases[i].name);
 		assert_int_equal(fs.remote, cases[i].remote);
+		/* Known: all but the names no table holds ("ext3" is known by
+		 * its magic number, ext4's; diracl trusts the mode only of a
+		 * filesystem it knows). */
+		assert_int_equal(fs.known, strcmp(cases[i].type, "somethingnew") != 0 &&
+			strcmp(cases[i].type, "ext3") != 0);
 		/* A known one is what statfs's magic number says. */
 		if (fs.magic != 0) {
 			fstype_classify(fs.magic, &magic);
 			assert_int_equal(magic.remote, fs.remote);
+			assert_true(magic.known);
 		}
 	}
+	/* A magic number no table holds is named by its number, unknown. */
+	fstype_classify(0x12345678ul, &magic);
+	assert_string_equal(magic.name, "0x12345678");
+	assert_false(magic.known);
 }
 
 /* Writes text to a temporary file: its path (static). */
