@@ -12,10 +12,14 @@
  * description may hold; the encoder refuses what it refuses, and the
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
- * The encoder writes FDSTORE_VERSION where a model records a tree,
- * else FDSTORE_VERSION_NO_TREES where a model waits (the same bytes but
- * the trees' lengths), else FDSTORE_VERSION_NO_WAITS (nor the wait lines'
- * lengths), which an older wcached reads; the decoder also reads version
+ * The encoder writes FDSTORE_VERSION where a generation records what its
+ * path named or a tree its kept files, else FDSTORE_VERSION_NO_NAMED where
+ * a model records a tree (the same bytes but each generation's named and
+ * each tree's named and kept count), else FDSTORE_VERSION_NO_TREES where a
+ * model waits (nor the trees' lengths), else FDSTORE_VERSION_NO_WAITS (nor
+ * the wait lines' lengths), which an older wcached reads; the decoder also
+ * reads version 9, whose generations and trees record neither (named
+ * FDSTORE_NAMED_UNRECORDED, no kept files), version
  * 8, whose models end after their wait line (no tree: root NULL), version
  * 7, whose models end after their artifacts (no wait line: NULL), version
  * 6, whose artifacts end after their build time (builder's gid
@@ -51,7 +55,8 @@
 #define MIN_MODEL (MIN_MODEL_V8 + 2u)            /* and the tree root's length */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION_V5 (MIN_STRING + GENERATION_FIXED)
-#define MIN_GENERATION (MIN_GENERATION_V5 + 4u)  /* and the holder uid count */
+#define MIN_GENERATION_V9 (MIN_GENERATION_V5 + 4u) /* and the holder uid count */
+#define MIN_GENERATION (MIN_GENERATION_V9 + 1u)  /* and what its path named */
 #define HOLDER_SIZE (4u + 4u)                    /* uid, count */
 #define FILE_FIXED_V3 (4u * 8u)                  /* dev, ino, size, mtime */
 #define MIN_FILE_V3 (MIN_STRING + FILE_FIXED_V3)
@@ -61,6 +66,7 @@
 #define MIN_ARTIFACT_V6 (3u * MIN_STRING + ARTIFACT_FIXED)
 #define MIN_ARTIFACT (MIN_ARTIFACT_V6 + 4u + 4u) /* and the builder's gid, group count */
 #define BUILDER_GROUP_SIZE 4u
+#define KEPT_SIZE (4u + 8u + 8u)                 /* a tree's kept file: uid, dev, ino */
 
 _Static_assert(sizeof(FDSTORE_MAGIC) - 1 == 8, "the magic is 8 bytes");
 
@@ -127,9 +133,10 @@ put_string(struct out *o, const char *s)
 /* A model's tree (version 9): its root (u16 length 0: none, and nothing
  * follows), then its owner, whether the root's inode is recorded, its
  * device and inode, the place (u16 length 0: none), its directory's mode
- * and that directory's length in it. */
+ * and that directory's length in it; since version 10 what its path named,
+ * the count of its kept files and each (uid, dev, ino). */
 static void
-put_tree(struct out *o, const struct fdstore_tree *t)
+put_tree(struct out *o, const struct fdstore_tree *t, uint32_t version)
 {
 	if (t->root == NULL) {
 		put_le(o, 0, 2);
@@ -146,23 +153,50 @@ put_tree(struct out *o, const struct fdstore_tree *t)
 		put_le(o, 0, 2);
 	put_le(o, t->place_mode, 4);
 	put_le(o, t->place_dir_len, 4);
+	if (version < 10)
+		return;
+	put_u8(o, t->named);
+	put_le(o, t->nkept, 4);
+	for (uint32_t k = 0; k < t->nkept; k++) {
+		put_le(o, t->kept[k].uid, 4);
+		put_le(o, t->kept[k].dev, 8);
+		put_le(o, t->kept[k].ino, 8);
+	}
+}
+
+/* The oldest version that holds d (fdstore.h: FDSTORE_VERSION_NO_WAITS):
+ * an older wcached reads what needs nothing newer. */
+static uint32_t
+oldest_version(const struct fdstore_desc *d)
+{
+	uint32_t version = FDSTORE_VERSION_NO_WAITS;
+
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_model *m = &d->models[i];
+
+		if (m->tree.nkept > 0)
+			return FDSTORE_VERSION;
+		for (uint32_t g = 0; g < m->ngenerations; g++)
+			if (m->generations[g].named != FDSTORE_NAMED_UNRECORDED)
+				return FDSTORE_VERSION;
+		if (m->tree.root != NULL)
+			version = FDSTORE_VERSION_NO_NAMED;
+		else if (m->waits != NULL && version < FDSTORE_VERSION_NO_TREES)
+			version = FDSTORE_VERSION_NO_TREES;
+	}
+	return version;
 }
 
 int
 fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 {
 	struct out o = { 0 };
-	uint32_t version = FDSTORE_VERSION_NO_WAITS;
+	uint32_t version;
 	int r;
 
 	if ((r = fdstore_check(d)) < 0)
 		return r;
-	/* The oldest version that holds it. */
-	for (uint32_t i = 0; i < d->nmodels && version != FDSTORE_VERSION; i++)
-		if (d->models[i].tree.root != NULL)
-			version = FDSTORE_VERSION;
-		else if (d->models[i].waits != NULL)
-			version = FDSTORE_VERSION_NO_TREES;
+	version = oldest_version(d);
 	put(&o, FDSTORE_MAGIC, 8);
 	put_le(&o, version, 4);
 	put_le(&o, d->nmodels, 4);
@@ -188,6 +222,8 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 				put_le(&o, gen->uids[u].uid, 4);
 				put_le(&o, gen->uids[u].count, 4);
 			}
+			if (version >= 10)
+				put_u8(&o, gen->named);
 			put_string(&o, gen->index_fdname);
 			put_le(&o, gen->index_size, 8);
 			put_le(&o, gen->nfiles, 4);
@@ -229,7 +265,7 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 		else if (version >= 8)
 			put_le(&o, 0, 2);
 		if (version >= 9)
-			put_tree(&o, &m->tree);
+			put_tree(&o, &m->tree, version);
 	}
 	if (o.err != 0) {
 		free(o.p);
@@ -395,6 +431,11 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	g->holders = (uint32_t)v;
 	if (version >= 6 && (r = get_holder_uids(in, g, where)) < 0)
 		return r;
+	if (version >= 10) { /* its range is fdstore_check()'s */
+		if ((r = get_le(in, 1, &v, where, "path named")) < 0)
+			return r;
+		g->named = (uint8_t)v;
+	}
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
 		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 :
@@ -483,9 +524,36 @@ get_optional(struct in *in, size_t max, char **out, const char *where, const cha
 	return get_string(in, max, out, where, field);
 }
 
+/* Version 10: what a tree's path named, the count of its kept files
+ * (bounded by the bytes left before anything is allocated) and each. Their
+ * rules are fdstore_check()'s. */
+static int
+get_kept(struct in *in, struct fdstore_tree *t, const char *where)
+{
+	uint64_t v;
+	int r;
+
+	if ((r = get_le(in, 1, &v, where, "tree path named")) < 0)
+		return r;
+	t->named = (uint8_t)v;
+	if ((r = get_count(in, FDSTORE_MAX_KEPT, KEPT_SIZE, &t->nkept, where,
+		     "tree kept file count")) < 0)
+		return r;
+	if (t->nkept > 0 && (t->kept = calloc(t->nkept, sizeof(*t->kept))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t k = 0; k < t->nkept; k++) {
+		if ((r = get_le(in, 4, &v, where, "tree kept file's owner")) < 0 ||
+			(r = get_le(in, 8, &t->kept[k].dev, where, "tree kept file's device")) < 0 ||
+			(r = get_le(in, 8, &t->kept[k].ino, where, "tree kept file's inode")) < 0)
+			return r;
+		t->kept[k].uid = (uint32_t)v;
+	}
+	return 0;
+}
+
 /* A model's tree (put_tree); its rules are fdstore_check's. */
 static int
-get_tree(struct in *in, struct fdstore_tree *t, const char *where)
+get_tree(struct in *in, struct fdstore_tree *t, const char *where, uint64_t version)
 {
 	uint64_t v[6];
 	int r;
@@ -507,7 +575,7 @@ get_tree(struct in *in, struct fdstore_tree *t, const char *where)
 	t->root_ino = v[3];
 	t->place_mode = (uint32_t)v[4];
 	t->place_dir_len = (uint32_t)v[5];
-	return 0;
+	return version < 10 ? 0 : get_kept(in, t, where);
 }
 
 static int
@@ -524,7 +592,8 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 		(r = get_le(in, 8, &m->slot, where, "slot")) < 0 ||
 		(r = get_le(in, 8, &m->last_generation, where, "last generation")) < 0 ||
 		(r = get_count(in, FDSTORE_MAX_GENERATIONS, version < 6 ? MIN_GENERATION_V5 :
-			 MIN_GENERATION, &m->ngenerations, where, "generation count")) < 0)
+			 version < 10 ? MIN_GENERATION_V9 : MIN_GENERATION, &m->ngenerations,
+			 where, "generation count")) < 0)
 		return r;
 	if (m->ngenerations > 0 &&
 		(m->generations = calloc(m->ngenerations, sizeof(*m->generations))) == NULL)
@@ -549,7 +618,7 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 	if ((r = get_optional(in, FDSTORE_MAX_WAIT_LINE, &m->waits, where, "wait line")) < 0 ||
 		version < 9)
 		return r; /* version 8: no tree */
-	return get_tree(in, &m->tree, where);
+	return get_tree(in, &m->tree, where, version);
 }
 
 int
@@ -608,7 +677,7 @@ static int
 stored_generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
 {
 	if (a->number != b->number || a->role != b->role || a->pin != b->pin ||
-		a->holders != b->holders || a->nuids != b->nuids ||
+		a->holders != b->holders || a->nuids != b->nuids || a->named != b->named ||
 		(a->nuids > 0 && memcmp(a->uids, b->uids, a->nuids * sizeof(*a->uids)) != 0) ||
 		strcmp(a->index_fdname, b->index_fdname) != 0 || a->index_size != b->index_size ||
 		a->nfiles != b->nfiles)
@@ -648,10 +717,16 @@ optional_equal(const char *a, const char *b)
 static int
 stored_tree_equal(const struct fdstore_tree *a, const struct fdstore_tree *b)
 {
+	/* Field by field: a kept file's struct has padding. */
+	for (uint32_t k = 0; a->nkept == b->nkept && k < a->nkept; k++)
+		if (a->kept[k].uid != b->kept[k].uid || a->kept[k].dev != b->kept[k].dev ||
+			a->kept[k].ino != b->kept[k].ino)
+			return 0;
 	return optional_equal(a->root, b->root) && optional_equal(a->place, b->place) &&
 		a->uid == b->uid && a->root_known == b->root_known &&
 		a->root_dev == b->root_dev && a->root_ino == b->root_ino &&
-		a->place_mode == b->place_mode && a->place_dir_len == b->place_dir_len;
+		a->place_mode == b->place_mode && a->place_dir_len == b->place_dir_len &&
+		a->named == b->named && a->nkept == b->nkept;
 }
 
 int
@@ -720,6 +795,7 @@ fdstore_free(struct fdstore_desc *d)
 		free(m->waits);
 		free(m->tree.root);
 		free(m->tree.place);
+		free(m->tree.kept);
 	}
 	free(d->models);
 	free(d);

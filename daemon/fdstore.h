@@ -22,8 +22,12 @@
  * supplementary groups), and, since version 8, each model ends with the
  * line of the refusal its files wait behind (u16 length, 0: none) and,
  * since version 9, the tree its next load wcached makes by itself is
- * judged against (fdstore_tree; a u16 length 0: none).
- * Strings are a u16 length and that many bytes, no NUL. Versions 8
+ * judged against (fdstore_tree; a u16 length 0: none). Since version 10
+ * each generation records what its path named (after its holders' uids),
+ * and a tree the files its model served where no generation of it is
+ * described (after the tree's place).
+ * Strings are a u16 length and that many bytes, no NUL. Versions 9
+ * (generations and trees without those), 8
  * (models without a tree), 7 (nor a wait line), 6 (artifacts without
  * their builder's groups), 5 (generations without their holders' uids
  * either), 4 (nor files
@@ -58,7 +62,13 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 9u                /* 9: a model records the tree (or place)
+#define FDSTORE_VERSION 10u               /* 10: a generation records whether its path
+					     named a file straight in its tree, and a
+					     model's tree the owners and identities of
+					     the files it served where no generation of
+					     it is described (review rev215 H1, rev209
+					     M1);
+					     9: a model records the tree (or place)
 					     a load wcached makes by itself is
 					     judged against (review rev204 H2, H3);
 					     8: a model records the line of the refusal
@@ -79,6 +89,11 @@
 					     8 still reads */
 #define FDSTORE_VERSION_NO_TREES 8u       /* what it writes when some model waits
 					     and none records a tree */
+#define FDSTORE_VERSION_NO_NAMED 9u       /* what it writes when some model records
+					     a tree and no generation records what its
+					     path named nor a tree its files (named
+					     FDSTORE_NAMED_UNRECORDED, nkept 0): a
+					     wcached before version 10 still reads it */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
 					     a version 7 without holders' uids, artifacts,
 					     origins or ctimes */
@@ -101,6 +116,24 @@
 #define FDSTORE_MAX_PATH 4095u
 #define FDSTORE_MAX_WAIT_LINE 32768u      /* a model's wait line, in bytes */
 #define FDSTORE_MAX_PIN PIN_ALL           /* enum pin_mode (pin.h): none, metadata, all */
+#define FDSTORE_MAX_KEPT (FDSTORE_MAX_FILES + 1u) /* per tree: a generation's files and
+					     its shard index */
+#define FDSTORE_MAX_KEPT_ALL 65536u       /* kept files of every tree together */
+
+/* Version 10: what a generation's path named at the load that made it
+ * (fdstore_generation's and fdstore_tree's named), as a watched reload
+ * judges a swap of its tree (registry_load.c's sibling_swap, review rev191
+ * F1). */
+enum fdstore_named {
+	FDSTORE_NAMED_UNRECORDED = 0, /* not recorded: a version 2 to 9 description,
+					 or a load whose real path was not told */
+	FDSTORE_NAMED_DIR = 1,        /* not a file straight in its tree's root: a
+					 directory (a model directory, a hub snapshot),
+					 or a file deeper in its tree (a hub repo's) */
+	FDSTORE_NAMED_FILE = 2,       /* a file straight in its tree's root: a one-file
+					 model, a link to one, a shard index */
+};
+#define FDSTORE_MAX_NAMED FDSTORE_NAMED_FILE
 
 /* The fixed FDNAMEs; per generation, fdstore_name_index/_file(); per
  * derived artifact, fdstore_name_artifact/_artifact_index(). */
@@ -162,6 +195,11 @@ struct fdstore_generation {
 	 * use the model may take the holders' places, as before. */
 	uint32_t nuids;         /* 0 .. FDSTORE_MAX_HOLDER_UIDS */
 	struct fdstore_holder *uids;
+	/* Version 10: what its path named at the load that made it (enum
+	 * fdstore_named), told by that load's own real path: a restart that
+	 * finds the path moved since cannot tell it (review rev215 H1).
+	 * FDSTORE_NAMED_UNRECORDED: not recorded. */
+	uint8_t named;
 	char *index_fdname;     /* the sealed index memfd in the store */
 	uint64_t index_size;    /* its exact size in bytes */
 	uint32_t nfiles;        /* 1 .. FDSTORE_MAX_FILES */
@@ -230,6 +268,22 @@ struct fdstore_model {
 		uint32_t place_mode;   /* the mode of place's directory that existed */
 		uint32_t place_dir_len; /* that directory's length in place: 0 ..
 					  strlen(place) */
+		/* Version 10: where the model describes no generation (none
+		 * fitted in the store, its store failed, nothing serves it),
+		 * the owners and identities of the files its tree's generation
+		 * served (that generation's files, a staged copy's origins, its
+		 * shard index where it read one), as a restart tells them from
+		 * stored descriptors (registry.h's registry_kept_files), and what
+		 * its path named (enum fdstore_named): the next start's reload
+		 * keeps them (review rev209 M1). nkept 0: none recorded (then
+		 * named FDSTORE_NAMED_UNRECORDED, kept NULL); only with a root. */
+		uint8_t named;
+		uint32_t nkept;        /* 0 .. FDSTORE_MAX_KEPT */
+		struct fdstore_kept {
+			uint32_t uid;  /* st_uid */
+			uint64_t dev;  /* st_dev */
+			uint64_t ino;  /* st_ino */
+		} *kept;
 	} tree;
 };
 
@@ -287,6 +341,9 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * of the model's described generations, (source, key) unique per model,
  * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n,
  * no builder's groups when its builder_gid is FDSTORE_GID_UNRECORDED;
+ * a generation's and a tree's named at most FDSTORE_MAX_NAMED, a tree's
+ * kept files only with its root, its named only with kept files, and
+ * FDSTORE_MAX_KEPT_ALL of them in all;
  * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */
 int fdstore_check(const struct fdstore_desc *d);
 
@@ -299,11 +356,13 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * FDSTORE_VERSION, into a new description (free it with fdstore_free()).
  * 0, or -EBADMSG (malformed: the message names the field and the offset),
  * -EPROTO (another version) or -ENOMEM; *out is untouched on failure and
- * nothing is leaked. Encoding the result always gives version
- * FDSTORE_VERSION (an older one's files with origins 0 and 0 before
+ * nothing is leaked. Encoding the result gives the oldest version that
+ * holds it, 7 at least (an older one's files with origins 0 and 0 before
  * version 4, ctimes and nlink 0 before version 5, and its generations
  * without holders' uids before version 6, and its artifacts with their
- * builder's gid FDSTORE_GID_UNRECORDED and no groups before version 7). */
+ * builder's gid FDSTORE_GID_UNRECORDED and no groups before version 7,
+ * and its generations' and trees' named FDSTORE_NAMED_UNRECORDED and no
+ * kept files before version 10). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
 
 /* 1 when a and b describe the same things field by field, else 0. */

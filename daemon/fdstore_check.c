@@ -5,8 +5,9 @@
  * and roles that make sense for their model, holders' uids that add up to
  * the holders, files whose ctimes are 0 when
  * their nlink says they are not recorded, derived artifacts of a
- * described generation named after their model's slot, and a bound on the
- * descriptors in all.
+ * described generation named after their model's slot, what a path named
+ * and a tree's kept files in range, and a bound on the descriptors (and
+ * the kept files) in all.
  *
  * The rules are one file, apart from the encoding, because both directions
  * hold to the same ones: fdstore_encode() refuses a description that breaks
@@ -53,11 +54,28 @@ check_string(const char *s, size_t max, int fdname, const char *where, const cha
 	return 0;
 }
 
+/* A tree's kept files (version 10): at most FDSTORE_MAX_KEPT, and what
+ * its path named (enum fdstore_named) recorded only with them. */
+static int
+check_kept(const struct fdstore_tree *t, const char *where)
+{
+	if (t->nkept > FDSTORE_MAX_KEPT || (t->nkept > 0 && t->kept == NULL))
+		return error_set(-EINVAL, "fdstore: %s: tree kept file count: %" PRIu32 ", more "
+			"than %u", where, t->nkept, FDSTORE_MAX_KEPT);
+	if (t->named > FDSTORE_MAX_NAMED)
+		return error_set(-EINVAL, "fdstore: %s: tree path named: %u is not 0 to %u",
+			where, (unsigned)t->named, (unsigned)FDSTORE_MAX_NAMED);
+	if (t->named != FDSTORE_NAMED_UNRECORDED && t->nkept == 0)
+		return error_set(-EINVAL, "fdstore: %s: tree path named: %u with no kept file "
+			"(recorded only with them)", where, (unsigned)t->named);
+	return 0;
+}
+
 /* A model's tree (fdstore.h's fdstore_tree): none (root NULL, all else 0),
  * or an absolute root of its owner, its inode recorded (root_known 1) or
  * 0 and 0, and no place (mode and length 0) or an absolute place whose
  * directory is its first place_dir_len bytes (at most all of them), of
- * mode 07777 at most. */
+ * mode 07777 at most; its kept files check_kept's. */
 static int
 check_tree(const struct fdstore_tree *t, const char *where)
 {
@@ -66,12 +84,14 @@ check_tree(const struct fdstore_tree *t, const char *where)
 
 	if (t->root == NULL) {
 		if (t->uid != 0 || t->root_known != 0 || t->root_dev != 0 || t->root_ino != 0 ||
-			t->place != NULL || t->place_mode != 0 || t->place_dir_len != 0)
+			t->place != NULL || t->place_mode != 0 || t->place_dir_len != 0 ||
+			t->named != 0 || t->nkept != 0 || t->kept != NULL)
 			return error_set(-EINVAL, "fdstore: %s: tree: no root, but its other "
 				"fields are not 0", where);
 		return 0;
 	}
-	if ((r = check_string(t->root, FDSTORE_MAX_PATH, 0, where, "tree root")) < 0)
+	if ((r = check_string(t->root, FDSTORE_MAX_PATH, 0, where, "tree root")) < 0 ||
+		(r = check_kept(t, where)) < 0)
 		return r;
 	if (t->root[0] != '/')
 		return error_set(-EINVAL, "fdstore: %s: tree root: not absolute", where);
@@ -171,6 +191,9 @@ check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere,
 			(unsigned)FDSTORE_MAX_PIN);
 	if ((r = check_holder_uids(g, where)) < 0)
 		return r;
+	if (g->named > FDSTORE_MAX_NAMED)
+		return error_set(-EINVAL, "fdstore: %s: path named: %u is not 0 to %u", where,
+			(unsigned)g->named, (unsigned)FDSTORE_MAX_NAMED);
 	if ((r = check_string(g->index_fdname, FDSTORE_MAX_FDNAME, 1, where, "index fdname")) < 0)
 		return r;
 	if (g->index_size == 0 || g->index_size > UINT32_MAX)
@@ -269,7 +292,7 @@ int
 fdstore_check(const struct fdstore_desc *d)
 {
 	const char **names = NULL, **fdnames = NULL;
-	size_t nfds = 0, nn = 0;
+	size_t nfds = 0, nn = 0, nkept = 0;
 	char where[1200];
 	int r = 0;
 
@@ -293,6 +316,9 @@ fdstore_check(const struct fdstore_desc *d)
 			return r;
 		if (m->path[0] != '/')
 			return error_set(-EINVAL, "fdstore: %s: path: not absolute", where);
+		if ((nkept += m->tree.nkept) > FDSTORE_MAX_KEPT_ALL)
+			return error_set(-EINVAL, "fdstore: %s: tree kept files: more than %u in "
+				"all", where, FDSTORE_MAX_KEPT_ALL);
 		if (m->slot == 0 || m->slot >= d->status_size / 8)
 			return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is not 1 to %"
 				PRIu64, where, m->slot, d->status_size / 8 - 1);

@@ -11,12 +11,17 @@
  *   - a description the decoder accepts passes fdstore_check(), encodes
  *     back to exactly the input when the input is that version (the format
  *     has one encoding for each description: no padding, reserved bytes
- *     zero, holders' uids ascending, no leftover bytes; version 8 or 9
- *     when the oldest that holds it: a model waiting, a model recording a
- *     tree), and decoding that
+ *     zero, holders' uids ascending, no leftover bytes; version 8, 9 or
+ *     10 when the oldest that holds it: a model waiting, a model recording
+ *     a tree, a generation recording what its path named or a tree its
+ *     kept files), and decoding that
  *     again gives an equal description, holders' uids, derived artifacts
  *     and their builders' groups, origins and ctimes included:
  *     decode(encode(x)) == x for every x the decoder can produce;
+ *   - a version 10, 9 or 8 input written as an older version (nothing
+ *     newer in it) is that version's bytes but for 1 byte per generation
+ *     and 5 per tree (10 over 9: what the path named, the kept count) and
+ *     2 per model for each of 9 and 8 (a tree's, a wait line's length 0);
  *   - a version 6 input (no builders' groups) decodes to a description
  *     whose artifacts have their builder's gid FDSTORE_GID_UNRECORDED and
  *     no groups, and whose encoding is version 7 and exactly 8 bytes (that
@@ -55,7 +60,8 @@ check_description(const uint8_t *data, size_t size)
 	struct fdstore_desc *d = (struct fdstore_desc *)&d, *again = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0;
-	uint32_t waits = 0, trees = 0;
+	uint32_t waits = 0, trees = 0, named = 0;
+	size_t ngenerations = 0;
 	int r;
 
 	r = fdstore_decode(data, size, &d);
@@ -69,22 +75,41 @@ check_description(const uint8_t *data, size_t size)
 	CHECK(fdstore_check(d) == 0);
 	CHECK(fdstore_encode(d, &buf, &len) == 0);
 	for (uint32_t i = 0; i < d->nmodels; i++) {
-		waits += d->models[i].waits != NULL;
-		trees += d->models[i].tree.root != NULL;
+		const struct fdstore_model *m = &d->models[i];
+
+		waits += m->waits != NULL;
+		trees += m->tree.root != NULL;
+		named += m->tree.nkept > 0;
+		CHECK(m->tree.nkept > 0 || m->tree.named == FDSTORE_NAMED_UNRECORDED);
+		ngenerations += m->ngenerations;
+		for (uint32_t g = 0; g < m->ngenerations; g++)
+			named += m->generations[g].named != FDSTORE_NAMED_UNRECORDED;
 	}
 	/* Written as the oldest version that holds it. */
 	CHECK(len >= FDSTORE_HEADER_SIZE &&
-		buf[8] == (trees > 0 ? FDSTORE_VERSION : waits > 0 ? FDSTORE_VERSION_NO_TREES :
-				       FDSTORE_VERSION_NO_WAITS));
+		buf[8] == (named > 0 ? FDSTORE_VERSION : trees > 0 ? FDSTORE_VERSION_NO_NAMED :
+			   waits > 0 ? FDSTORE_VERSION_NO_TREES : FDSTORE_VERSION_NO_WAITS));
 	if (data[8] == buf[8]) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
 	} else if (data[8] >= FDSTORE_VERSION_NO_TREES) {
-		/* Version 9 with no tree, or 8 with no wait line: the older
-		 * version but for each model's length 0 of each field that
-		 * version lacks. */
-		CHECK(buf[8] < data[8] && trees == 0 && (buf[8] == FDSTORE_VERSION_NO_TREES ||
-								waits == 0));
-		CHECK(len + 2 * (size_t)d->nmodels * (size_t)(data[8] - buf[8]) == size);
+		/* Version 10 with nothing named nor kept, 9 with no tree, or 8
+		 * with no wait line: the older version but for what each field
+		 * that version lacks took: 1 byte per generation and 5 per tree
+		 * (10 over 9), each model's length 0 of its tree (9 over 8) and
+		 * of its wait line (8 over 7). */
+		size_t more = 0;
+
+		CHECK(buf[8] < data[8] && named == 0);
+		CHECK(data[8] <= FDSTORE_VERSION_NO_NAMED || buf[8] == FDSTORE_VERSION_NO_NAMED ||
+			trees == 0);
+		CHECK(data[8] <= FDSTORE_VERSION_NO_TREES || buf[8] >= FDSTORE_VERSION_NO_TREES ||
+			waits == 0);
+		if (data[8] == FDSTORE_VERSION)
+			more += ngenerations + 5 * (size_t)trees;
+		for (uint8_t v = FDSTORE_VERSION_NO_TREES; v <= FDSTORE_VERSION_NO_NAMED; v++)
+			if (buf[8] < v && v <= data[8])
+				more += 2 * (size_t)d->nmodels;
+		CHECK(len + more == size);
 	} else {
 		size_t files = 0, generations = 0, artifacts = 0;
 

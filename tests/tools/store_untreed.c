@@ -1,19 +1,24 @@
 /*
  * store_untreed: rewrites a wcached file descriptor store description
  * (stdin to stdout) as a wcached before format version 9 wrote it: every
- * model's tree dropped, so the encoder writes the version before 9. The
- * tests of the upgrade's warm restart (test_restart_judged) put it in the
- * fake service manager's store in place of the one wcached wrote.
+ * model's tree dropped, so the encoder writes the version before 9; with
+ * the argument 9, as a wcached of format version 9 wrote it: what each
+ * generation's path named and each tree's kept files dropped (version 10's
+ * fields), the trees kept. The tests of the upgrade's warm restart
+ * (test_restart_judged) put it in the fake service manager's store in
+ * place of the one wcached wrote.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "fdstore.h"
 
 int
-main(void)
+main(int argc, char **argv)
 {
+	int v9 = argc > 1 && strcmp(argv[1], "9") == 0;
 	static uint8_t in[16 << 20];
 	size_t n = fread(in, 1, sizeof(in), stdin), len;
 	struct fdstore_desc *d;
@@ -25,9 +30,19 @@ main(void)
 		return 1;
 	}
 	for (uint32_t i = 0; i < d->nmodels; i++) {
-		free(d->models[i].tree.root);
-		free(d->models[i].tree.place);
-		d->models[i].tree = (struct fdstore_tree){ .root = NULL };
+		struct fdstore_model *m = &d->models[i];
+
+		for (uint32_t g = 0; g < m->ngenerations; g++)
+			m->generations[g].named = FDSTORE_NAMED_UNRECORDED;
+		free(m->tree.kept);
+		m->tree.kept = NULL;
+		m->tree.nkept = 0;
+		m->tree.named = FDSTORE_NAMED_UNRECORDED;
+		if (v9)
+			continue;
+		free(m->tree.root);
+		free(m->tree.place);
+		m->tree = (struct fdstore_tree){ .root = NULL };
 	}
 	ok = fdstore_encode(d, &out, &len) == 0;
 	fdstore_free(d);

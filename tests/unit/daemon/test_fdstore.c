@@ -770,14 +770,14 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 10);
-	bad_bytes(copy, len, -EPROTO, "header: version: 10, this wcached reads 2 to 9");
+	put_u32(copy + 8, 11);
+	bad_bytes(copy, len, -EPROTO, "header: version: 11, this wcached reads 2 to 10");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 9");
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 10");
 	/* Version 7 bytes read as version 6, 5, 4, 3 or 2: the builders'
 	 * groups (the holders' uids, the ctimes, the origins, the artifact
 	 * counts) are not there, so the next record starts early and does not
@@ -1309,7 +1309,7 @@ test_version_9_trees(void **state)
 	set_tree(&d->models[0], "/srv/models/llama", 1000, 77, NULL, 0);
 	set_tree(&d->models[2], "/srv/idle", 0, 0, "/srv/idle", 4);
 	buf = encode(d, &len);
-	assert_int_equal(buf[8], FDSTORE_VERSION);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_NAMED);
 	if (fdstore_decode(buf, len, &back) != 0)
 		fail_msg("decode version 9: %s", error_get());
 	assert_true(fdstore_equal(d, back));
@@ -1368,7 +1368,7 @@ test_version_9_trees(void **state)
 	v9 = calloc(1, len + 4);
 	assert_non_null(v9);
 	memcpy(v9, buf, len);
-	v9[8] = FDSTORE_VERSION;
+	v9[8] = FDSTORE_VERSION_NO_NAMED;
 	if (fdstore_decode(v9, len + 4, &back) != 0)
 		fail_msg("decode version 9 with no tree: %s", error_get());
 	assert_true(fdstore_equal(d, back));
@@ -1380,6 +1380,229 @@ test_version_9_trees(void **state)
 	bad_bytes(v9, len + 2, -EBADMSG, "tree root: needs 2 bytes");
 	free(v9);
 	free(buf);
+	fdstore_free(d);
+}
+
+/* m's tree's kept files: n of them (uid 1000 + k, dev 2049, ino 500 + k),
+ * and what its path named. */
+static void
+set_kept(struct fdstore_model *m, uint32_t n, uint8_t named)
+{
+	free(m->tree.kept);
+	m->tree.kept = NULL;
+	m->tree.nkept = n;
+	m->tree.named = named;
+	if (n == 0)
+		return;
+	m->tree.kept = calloc(n, sizeof(*m->tree.kept));
+	assert_non_null(m->tree.kept);
+	for (uint32_t k = 0; k < n; k++)
+		m->tree.kept[k] = (struct fdstore_kept){ .uid = 1000 + k, .dev = 2049,
+			.ino = 500 + k };
+}
+
+/* The offset of the one byte in which a and b (len bytes each) differ. */
+static size_t
+differs_at(const uint8_t *a, const uint8_t *b, size_t len)
+{
+	size_t at = len;
+
+	for (size_t i = 0; i < len; i++)
+		if (a[i] != b[i]) {
+			assert_int_equal(at, len);
+			at = i;
+		}
+	assert_true(at < len);
+	return at;
+}
+
+/* Version 10: what each generation's path named, and a tree's kept files
+ * (review rev215 H1, rev209 M1); written only where some generation
+ * records what its path named or a tree kept files (else version 9, which
+ * an older wcached reads, as before), read back equal, held to their rules,
+ * and their bytes bounded: an out-of-range value, a count past its maximum
+ * or past the bytes left, a truncated tail are refused naming the field. A
+ * version 9 store is still read: nothing recorded. */
+static void
+test_version_10_named_and_kept(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint8_t *buf, *other, *copy;
+	size_t len, other_len, at, v9_len;
+
+	(void)state;
+	set_tree(&d->models[0], "/srv/models/llama", 1000, 77, NULL, 0);
+	set_tree(&d->models[2], "/srv/idle", 0, 0, NULL, 0);
+	d->models[0].generations[0].named = FDSTORE_NAMED_FILE;
+	d->models[0].generations[1].named = FDSTORE_NAMED_DIR;
+	set_kept(&d->models[2], 3, FDSTORE_NAMED_FILE);
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], FDSTORE_VERSION);
+	assert_int_equal(FDSTORE_VERSION, 10);
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode version 10: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].generations[0].named, FDSTORE_NAMED_FILE);
+	assert_int_equal(back->models[0].generations[1].named, FDSTORE_NAMED_DIR);
+	assert_int_equal(back->models[0].generations[2].named, FDSTORE_NAMED_UNRECORDED);
+	assert_int_equal(back->models[0].tree.nkept, 0);
+	assert_null(back->models[0].tree.kept);
+	assert_int_equal(back->models[2].tree.named, FDSTORE_NAMED_FILE);
+	assert_int_equal(back->models[2].tree.nkept, 3);
+	assert_int_equal(back->models[2].tree.kept[2].uid, 1002);
+	assert_int_equal(back->models[2].tree.kept[2].dev, 2049);
+	assert_int_equal(back->models[2].tree.kept[2].ino, 502);
+	assert_encodes_to(back, buf, len);
+	/* Every field counts in the comparison. */
+	back->models[0].generations[1].named = FDSTORE_NAMED_FILE;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].named = FDSTORE_NAMED_DIR;
+	back->models[2].tree.named = FDSTORE_NAMED_DIR;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.named = FDSTORE_NAMED_FILE;
+	back->models[2].tree.kept[1].uid++;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.kept[1].uid--;
+	back->models[2].tree.kept[1].ino++;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.kept[1].ino--;
+	back->models[2].tree.nkept = 2;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.nkept = 3;
+	assert_true(fdstore_equal(d, back));
+	fdstore_free(back);
+	back = NULL;
+
+	/* The bytes. The last model's tree ends them: what its path named (1),
+	 * its kept file count (4), 3 kept files of 20 bytes. */
+	bad_bytes(buf, len - 1, -EBADMSG, "model 2 (\"idle\"): tree kept file count: 3 records "
+		"cannot fit in the 59 bytes left");
+	bad_bytes(buf, len - 60, -EBADMSG, "tree kept file count: 3 records cannot fit");
+	bad_bytes(buf, len - 61, -EBADMSG, "tree kept file count: needs 4 bytes");
+	copy = malloc(len);
+	assert_non_null(copy);
+	memcpy(copy, buf, len);
+	put_u32(copy + len - 64, FDSTORE_MAX_KEPT + 1);
+	bad_bytes(copy, len, -EBADMSG, "tree kept file count: 252, more than 251");
+	memcpy(copy, buf, len);
+	copy[len - 65] = 3;
+	bad_bytes(copy, len, -EBADMSG, "model 2 (\"idle\"): tree path named: 3 is not 0 to 2");
+	memcpy(copy, buf, len);
+	copy[len - 65] = FDSTORE_NAMED_DIR;
+	if (fdstore_decode(copy, len, &back) != 0)
+		fail_msg("decode version 10: %s", error_get());
+	assert_int_equal(back->models[2].tree.named, FDSTORE_NAMED_DIR);
+	fdstore_free(back);
+	back = NULL;
+	/* A generation's: the one byte that differs from its other spelling. */
+	d->models[0].generations[0].named = FDSTORE_NAMED_DIR;
+	other = encode(d, &other_len);
+	assert_int_equal(other_len, len);
+	at = differs_at(buf, other, len);
+	assert_int_equal(buf[at], FDSTORE_NAMED_FILE);
+	d->models[0].generations[0].named = FDSTORE_NAMED_FILE;
+	free(other);
+	memcpy(copy, buf, len);
+	copy[at] = 3;
+	bad_bytes(copy, len, -EBADMSG, "model 0 (\"llama\"): generation 0 (5): path named: 3 "
+		"is not 0 to 2");
+	/* Any one byte of the generations' named and the kept files flipped
+	 * is refused or encodes back to the flipped bytes. */
+	for (size_t i = len - 65; i <= len; i++) {
+		size_t k = i == len ? at : i;
+
+		memcpy(copy, buf, len);
+		copy[k] ^= 0x41;
+		back = NULL;
+		if (fdstore_decode(copy, len, &back) != 0) {
+			assert_null(back);
+			continue;
+		}
+		assert_encodes_to(back, copy, len);
+		fdstore_free(back);
+	}
+	back = NULL;
+	free(copy);
+
+	/* The rules. */
+	set_kept(&d->models[2], 0, FDSTORE_NAMED_FILE);
+	assert_error(fdstore_check(d), -EINVAL, "model 2 (\"idle\"): tree path named: 2 with no "
+		"kept file");
+	set_kept(&d->models[2], 1, 3);
+	assert_error(fdstore_check(d), -EINVAL, "tree path named: 3 is not 0 to 2");
+	set_kept(&d->models[2], FDSTORE_MAX_KEPT + 1, FDSTORE_NAMED_DIR);
+	assert_error(fdstore_check(d), -EINVAL, "tree kept file count: 252, more than 251");
+	set_kept(&d->models[2], 1, FDSTORE_NAMED_DIR);
+	d->models[0].generations[2].named = 3;
+	assert_error(fdstore_check(d), -EINVAL, "generation 2 (6): path named: 3 is not 0 to 2");
+	d->models[0].generations[2].named = FDSTORE_NAMED_UNRECORDED;
+	set_tree(&d->models[1], NULL, 0, 0, NULL, 0);
+	set_kept(&d->models[1], 1, FDSTORE_NAMED_DIR);
+	assert_error(fdstore_check(d), -EINVAL, "model 1 (\"qwen\"): tree: no root, but its "
+		"other fields");
+	set_kept(&d->models[1], 0, FDSTORE_NAMED_UNRECORDED);
+	assert_int_equal(fdstore_check(d), 0);
+
+	/* No generation records what its path named, no tree kept files:
+	 * version 9, as before, which a wcached before 10 reads; 1 byte less
+	 * per generation and 5 per tree than version 10. */
+	for (uint32_t g = 0; g < d->models[0].ngenerations; g++)
+		d->models[0].generations[g].named = FDSTORE_NAMED_UNRECORDED;
+	set_kept(&d->models[2], 0, FDSTORE_NAMED_UNRECORDED);
+	free(buf);
+	buf = encode(d, &v9_len);
+	assert_int_equal(buf[8], FDSTORE_VERSION_NO_NAMED);
+	d->models[0].generations[1].named = FDSTORE_NAMED_DIR;
+	other = encode(d, &other_len);
+	assert_int_equal(other[8], FDSTORE_VERSION);
+	assert_int_equal(other_len, v9_len + 4 + 10); /* 4 generations, 2 trees */
+	free(other);
+	/* The version 9 store reads back with nothing recorded. */
+	d->models[0].generations[1].named = FDSTORE_NAMED_UNRECORDED;
+	if (fdstore_decode(buf, v9_len, &back) != 0)
+		fail_msg("decode version 9: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	for (uint32_t g = 0; g < back->models[0].ngenerations; g++)
+		assert_int_equal(back->models[0].generations[g].named, FDSTORE_NAMED_UNRECORDED);
+	assert_int_equal(back->models[2].tree.nkept, 0);
+	assert_int_equal(back->models[2].tree.named, FDSTORE_NAMED_UNRECORDED);
+	assert_encodes_to(back, buf, v9_len);
+	fdstore_free(back);
+	/* Version 9 bytes called version 10: the first generation's named
+	 * byte is its index fdname's length's first byte. */
+	buf[8] = FDSTORE_VERSION;
+	back = NULL;
+	assert_int_not_equal(fdstore_decode(buf, v9_len, &back), 0);
+	assert_null(back);
+	free(buf);
+	fdstore_free(d);
+}
+
+/* Kept files of every tree together are bounded (FDSTORE_MAX_KEPT_ALL). */
+static void
+test_kept_files_in_all(void **state)
+{
+	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	uint32_t n = FDSTORE_MAX_KEPT_ALL / FDSTORE_MAX_KEPT + 1;
+
+	(void)state;
+	assert_non_null(d);
+	d->status_size = 8 * ((uint64_t)n + 1);
+	d->nmodels = n;
+	d->models = calloc(n, sizeof(*d->models));
+	assert_non_null(d->models);
+	for (uint32_t i = 0; i < n; i++) {
+		d->models[i].name = dup_name("m%" PRIu32, i);
+		d->models[i].path = dup_name("/srv/m%" PRIu32, i);
+		d->models[i].slot = i + 1;
+		set_tree(&d->models[i], "/srv", 0, 0, NULL, 0);
+		set_kept(&d->models[i], i + 1 < n ? FDSTORE_MAX_KEPT : 1, FDSTORE_NAMED_DIR);
+	}
+	/* (n - 1) * 251 = 65511, and the last: 65512, within 65536. */
+	assert_int_equal(fdstore_check(d), 0);
+	set_kept(&d->models[n - 1], FDSTORE_MAX_KEPT_ALL - (n - 1) * FDSTORE_MAX_KEPT + 1,
+		FDSTORE_NAMED_DIR);
+	assert_error(fdstore_check(d), -EINVAL, "tree kept files: more than 65536 in all");
 	fdstore_free(d);
 }
 
@@ -1399,6 +1622,8 @@ main(void)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_carry),
 		cmocka_unit_test(test_memfd),
+		cmocka_unit_test(test_version_10_named_and_kept),
+		cmocka_unit_test(test_kept_files_in_all),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
