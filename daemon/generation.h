@@ -90,6 +90,18 @@ enum gen_state {
 	GEN_CLOSED,   /* unreferenced, being freed */
 };
 
+/* What the model's path named at the load that made a generation
+ * (generation's path_named), as its real path told it then: the values of
+ * the file descriptor store's (fdstore.h's enum fdstore_named), which
+ * records it (format version 10). */
+enum gen_named {
+	GEN_NAMED_UNTOLD = 0, /* not told */
+	GEN_NAMED_DIR = 1,    /* not a file straight in its tree's root: a directory,
+				 or a file deeper in its tree (a hub repo's) */
+	GEN_NAMED_FILE = 2,   /* a file straight in its tree's root: a one-file model,
+				 a link to one, a shard index */
+};
+
 struct page_work;
 
 struct generation {
@@ -207,6 +219,16 @@ struct generation {
 	int tree_ino_known;
 	dev_t tree_dev;
 	ino_t tree_ino;
+	/* What the model's path named (enum gen_named), told with
+	 * resolved_path and tree_root (registry_load.c's take_resolved):
+	 * a watched reload of a model whose path named a file takes no
+	 * directory beside its tree for its sibling (sibling_swap, review
+	 * rev191 F1). A warm restart's generation has the one the store
+	 * recorded (format version 10): a path moved since cannot tell it
+	 * (review rev215 H1). GEN_NAMED_UNTOLD: not told (resolved_path or
+	 * tree_root NULL then, or a store before version 10): a watched
+	 * reload tells it from the layout, failing closed. */
+	int path_named;
 	/* The symbolic links the model's path went through, every one the
 	 * walk of the load that made g met (registry_links.c), or of a reload
 	 * that found its files unchanged: a watched reload takes a link still

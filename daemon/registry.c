@@ -526,8 +526,11 @@ keep_withdrawn_files(struct model_entry *m, const struct generation *g)
 		kept.ids[i] = (struct registry_file_id){ .dev = st->st_dev, .ino = st->st_ino };
 	}
 	/* Its path named a file straight in its tree (keep_tree's
-	 * keep_named_file). */
-	kept.named_file = g->resolved_path != NULL && g->tree_root != NULL &&
+	 * keep_named_file): as the load that made g told it, where it did
+	 * (a restored g's path may lead elsewhere now: review rev215 H1). */
+	kept.named_told = g->path_named != GEN_NAMED_UNTOLD;
+	kept.named_file = kept.named_told ? g->path_named == GEN_NAMED_FILE :
+		g->resolved_path != NULL && g->tree_root != NULL &&
 		registry_file_in(g->resolved_path, g->tree_root);
 	registry_kept_clear(&m->operator_tree.kept);
 	m->operator_tree.kept = kept;
@@ -588,7 +591,7 @@ registry_keep_tree(struct registry *r, const char *name, const struct registry_t
 {
 	struct model_entry *m = registry_entry_named(r, name);
 	struct registry_kept_files kept = { .nfiles = t->kept.nfiles,
-		.named_file = t->kept.named_file };
+		.named_file = t->kept.named_file, .named_told = t->kept.named_told };
 	size_t n = t->kept.nfiles;
 	char *root, *place = NULL;
 

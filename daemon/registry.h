@@ -67,8 +67,12 @@ registry_fd_reserve(rlim_t limit)
  * (registry_load.c's same_file_owner, review rev187 R2b); every file's
  * owner may own files of the tree (same_owners, rev187 R3); the files
  * themselves are the only ones taken in a place others may rename entries
- * in (files_kept, rev201 H2); named_file: the one file lay straight in the
- * tree's root (sibling_swap, rev191 F1). nfiles 0: none told. */
+ * in (files_kept, rev201 H2); named_file: the generation's path named a
+ * file straight in the tree's root (sibling_swap, rev191 F1), as its load
+ * told it (named_told: its path_named, recorded by a store of format
+ * version 10), else as where the one file lay then (named_told 0:
+ * registry_load.c's keep_restart_files fails closed on the layout, review
+ * rev215 H1). nfiles 0: none told. */
 struct registry_kept_files {
 	uid_t *owners;          /* per file */
 	struct registry_file_id {
@@ -77,6 +81,7 @@ struct registry_kept_files {
 	} *ids;                 /* per file */
 	size_t nfiles;
 	int named_file;
+	int named_told;
 };
 
 /* Frees what k holds and empties it. */

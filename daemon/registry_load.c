@@ -288,6 +288,16 @@ registry_file_in(const char *path, const char *root)
 	return in;
 }
 
+/* Whether path is root or lies under it (both canonical). */
+static int
+path_under(const char *path, const char *root)
+{
+	size_t n = strlen(root);
+
+	return strncmp(path, root, n) == 0 &&
+		(path[n] == '\0' || path[n] == '/' || (n > 0 && root[n - 1] == '/'));
+}
+
 /*
  * Whether q's tree root is a sibling of the one kept (one directory holds
  * both) owned by the same user: a deployer's swap of her versions by a
@@ -2347,6 +2357,12 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 static void
 take_resolved(struct generation *g, struct load_request *q)
 {
+	/* What its path named, told by the real path under its tree (a
+	 * file straight in it: registry_file_in), kept with them and
+	 * recorded in the store (generation.h's path_named). */
+	g->path_named = q->resolved == NULL || q->root == NULL ||
+			!path_under(q->resolved, q->root) ? GEN_NAMED_UNTOLD :
+		registry_file_in(q->resolved, q->root) ? GEN_NAMED_FILE : GEN_NAMED_DIR;
 	free(g->resolved_path);
 	g->resolved_path = q->resolved;
 	q->resolved = NULL;
@@ -3045,19 +3061,11 @@ keep_named(struct load_request *q, const struct model_entry *m)
 	return (q->named_path = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
 }
 
-/* Whether path is root or lies under it (both canonical). */
-static int
-path_under(const char *path, const char *root)
-{
-	size_t n = strlen(root);
-
-	return strncmp(path, root, n) == 0 &&
-		(path[n] == '\0' || path[n] == '/' || (n > 0 && root[n - 1] == '/'));
-}
-
 /*
  * Whether a restored generation's path named a file (sibling_swap's
- * rule, review rev191 F1) where its real path cannot tell it: the
+ * rule, review rev191 F1) where neither the store recorded it (a store
+ * before format version 10: path_named GEN_NAMED_UNTOLD) nor its real
+ * path can tell it: the
  * restart found it NULL (the path leads elsewhere now) or out of the
  * tree kept (path_under), and either read as "named no file",
  * which let a one-file model's deployer rename her link to root's
@@ -3110,11 +3118,13 @@ keep_restart_files(struct load_request *q, const struct registry_kept_files *k)
 	 * format is not stored), as keep_tree takes one. */
 	q->keep_file_known = k->nfiles == 1;
 	q->keep_file_uid = k->owners[0];
-	/* Where the stored file is now tells what the path named only where
-	 * it is still straight in the tree (k->named_file); else the layout
-	 * tells it (untold_named_file, review rev215 H1). */
-	q->keep_named_file = k->named_file ||
-		untold_named_file(q, k->nfiles);
+	/* As the load that made the generation told it (k->named_told: a
+	 * store of format version 10, or a generation withdrawn); else where
+	 * the stored file is now tells what the path named only where it is
+	 * still straight in the tree (k->named_file), and the layout tells it
+	 * otherwise (untold_named_file, review rev215 H1). */
+	q->keep_named_file = k->named_told ? k->named_file :
+		k->named_file || untold_named_file(q, k->nfiles);
 	return 0;
 }
 
@@ -3171,8 +3181,12 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->keep_root_known = g->tree_ino_known;
 		q->keep_root_dev = g->tree_dev;
 		q->keep_root_ino = g->tree_ino;
-		q->keep_named_file = g->resolved_path != NULL &&
-				path_under(g->resolved_path, g->tree_root) ?
+		/* As the load that made g told it (path_named; a restored
+		 * g's, as the store recorded it), else its real path, else
+		 * the layout (untold_named_file). */
+		q->keep_named_file = g->path_named != GEN_NAMED_UNTOLD ?
+			g->path_named == GEN_NAMED_FILE :
+			g->resolved_path != NULL && path_under(g->resolved_path, g->tree_root) ?
 			registry_file_in(g->resolved_path, g->tree_root) :
 			untold_named_file(q, g->source.nfiles);
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;

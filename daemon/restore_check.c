@@ -632,7 +632,12 @@ restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char
 		k.owners[i] = st.st_uid;
 		k.ids[i] = (struct registry_file_id){ .dev = st.st_dev, .ino = st.st_ino };
 	}
-	if (g->nfiles == 1 && root != NULL && fd_path(p->fds[0], buf, sizeof(buf)) == 0 &&
+	/* What its path named, as the load that made it told it (the store
+	 * recorded it: version 10); else where its one file lies now. */
+	k.named_told = g->named != FDSTORE_NAMED_UNRECORDED;
+	if (k.named_told)
+		k.named_file = g->named == FDSTORE_NAMED_FILE;
+	else if (g->nfiles == 1 && root != NULL && fd_path(p->fds[0], buf, sizeof(buf)) == 0 &&
 		(dir = path_dir(buf)) != NULL) {
 		k.named_file = strcmp(dir, root) == 0;
 		free(dir);

@@ -495,6 +495,10 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 		k->opened_path.known = 1;
 		k->opened_path.st = p->path_st;
 	}
+	/* What its path named at the load that made it, as the store
+	 * recorded it (version 10; else not told): its path may lead
+	 * elsewhere now (review rev215 H1). */
+	k->path_named = p->g->named;
 	if (!held) {
 		k->resolved_path = p->resolved_path;
 		p->resolved_path = NULL;

@@ -34,6 +34,11 @@
 
 struct restore_state restore_state;
 
+_Static_assert((int)GEN_NAMED_UNTOLD == (int)FDSTORE_NAMED_UNRECORDED &&
+		(int)GEN_NAMED_DIR == (int)FDSTORE_NAMED_DIR &&
+		(int)GEN_NAMED_FILE == (int)FDSTORE_NAMED_FILE,
+	"a generation's path_named is what the store records");
+
 /* The store's own descriptors beside the models': the status page and the
  * description (FDSTORE_NAME_STATUS, FDSTORE_NAME_DESC). */
 #define STORE_OWN_FDS 2u
@@ -477,6 +482,9 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 	 * to its count, none from another uid (review rev173 F10). */
 	if (restore_holder_uids(g, &dg->uids, &dg->nuids) < 0)
 		return -ENOMEM;
+	/* What its path named (version 10: a restart may find the path
+	 * moved, review rev215 H1). */
+	dg->named = (uint8_t)g->path_named;
 	dg->index_size = g->index_size;
 	dg->nfiles = (uint32_t)g->source.nfiles;
 	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
@@ -947,12 +955,12 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[9] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+		uint64_t v[10] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
 			(uint64_t)(carried(m) != NULL), (uint64_t)m->pin,
-			(uint64_t)m->refused_tree };
+			(uint64_t)m->refused_tree, g ? (uint64_t)g->path_named : 0 };
 
-		for (int i = 0; i < 9; i++)
+		for (int i = 0; i < 10; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 		if (g != NULL)
 			h = hash_holders(h, g);

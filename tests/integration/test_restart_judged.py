@@ -91,6 +91,18 @@ def stored(d, mgr):
                  what="generation and description stored")
 
 
+def restart_stored(tmp_path, models, while_down):
+    """restart_with once llama's generation and description are stored
+    (stored), while_down(mgr) given the fake service manager (to rewrite
+    its store: untreed)."""
+    mgrs = []
+
+    def started(d, mgr):
+        stored(d, mgr)
+        mgrs.append(mgr)
+    return restart_with(tmp_path, models, started, lambda: while_down(mgrs[0]))
+
+
 def test_a_deployers_link_to_roots_private_model_at_a_warm_restart_waits(tmp_path):
     """rev204 H2: the deployer bob owns llama's directory and the one
     holding it (home/bob, 0755: no place others may rename entries in).
@@ -398,14 +410,17 @@ def test_a_model_the_store_had_no_room_for_waits_at_a_restart_and_says_why(tmp_p
     assert status == 0, d.read_log()
 
 
-def untreed(mgr):
+def untreed(mgr, *version):
     """mgr's stored description rewritten as a wcached before format version
-    9 wrote it (no trees: tests/tools/store_untreed.c): the upgrade's store."""
+    9 wrote it (no trees: tests/tools/store_untreed.c), or with version "9",
+    as one of format version 9 (nothing of version 10): the upgrade's store."""
     with mgr.lock:
         old = mgr.store["wc-desc"]
         blob = os.pread(old[0], os.fstat(old[0]).st_size, 0)
         tool = os.path.join(os.environ["WCACHE_BUILD"], "bin", "store_untreed")
-        v8 = subprocess.run([tool], input=blob, capture_output=True, check=True).stdout
+        v8 = subprocess.run([tool, *version], input=blob, capture_output=True,
+                            check=True).stdout
+        assert v8[8] == (9 if version else 8) or (not version and v8[8] == 7), v8[:12]
         mgr.store["wc-desc"] = [sealed_memfd(v8)]
         for fd in old:
             os.close(fd)
@@ -684,16 +699,8 @@ def test_a_restart_with_nothing_moved_restores_and_takes_alices_update(tmp_path,
         os.chown(mkmodel(os.path.join(llama, name), layers=layers, seed=seed), ALICE_UID,
                  GROUP)
 
-    def while_down():
-        if upgrade:
-            untreed(mgr_of[0])
-
-    mgr_of = []
-
-    def started(d, mgr):
-        stored(d, mgr)
-        mgr_of.append(mgr)
-    d, mgr = restart_with(tmp_path, {"llama": llama}, started, while_down)
+    d, mgr = restart_stored(tmp_path, {"llama": llama},
+                            lambda mgr: untreed(mgr) if upgrade else None)
     try:
         d.wait_for_log(r'model "llama": generation 1 restored', timeout=60)
         wait_until(lambda: ready(d, "llama"), what="ready")
@@ -920,3 +927,60 @@ def test_a_one_file_models_own_update_at_a_restart_still_loads(tmp_path, when):
         assert "generation 2" in d.attach("alice").stdout
     tp_warm_restart(tmp_path, {"alice": m}, "alice", then,
                     lambda: as_alice(update, shared) if when == "while-down" else None)
+
+
+# Review rev215 H1's cost, gone with format version 10: a restart that could
+# not tell what a restored generation's path named took one of one file for
+# a one-file model, so a directory model of one file had its swap to a
+# sibling wait for the operator. The store now records what the path named.
+def alices_one_file_directory_model(tmp_path):
+    """alice's directory model of one file: her place (0755) holding her
+    versions v1 and v2 (one model.safetensors each, v2's another model) and
+    her link llama -> v1, the configured path. (place, llama)."""
+    parent = str(tmp_path)
+    while parent != "/":    # pytest's temporary root is 0700
+        os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o011)
+        parent = os.path.dirname(parent)
+    place = made_by(tmp_path / "place", ALICE_UID, 0o755)
+    for v, seed, layers in (("v1", 1, 2), ("v2", 4, 4)):
+        version = made_by(os.path.join(place, v), ALICE_UID)
+        os.chown(mkmodel(os.path.join(version, "model.safetensors"), layers=layers, seed=seed),
+                 ALICE_UID, GROUP)
+    as_alice("ln -s v1 llama", place)
+    return place, os.path.join(place, "llama")
+
+
+@pytest.mark.parametrize("store", ["10", "9"])
+def test_a_one_file_directory_models_swap_to_a_sibling_at_a_restart(tmp_path, store):
+    """alice swaps her directory model of one file to its sibling v2 while
+    wcached restarts (README's `ln -s v2 .next && mv -T .next llama`): the
+    restored generation 1's path leads to v2 now (no real path in its
+    recorded tree v1), and the store (format version 10) recorded that its
+    path named a directory, so the swap loads as generation 2, as it does
+    while wcached runs. Before, the restart failed closed on the layout (a
+    generation of one file counted as having named a file: review rev215
+    H1's cost) and the swap waited for `wcachectl reload llama`; from a
+    version 9 store (the upgrade's) it still does."""
+    place, llama = alices_one_file_directory_model(tmp_path)
+    v2_size = os.stat(os.path.join(place, "v2", "model.safetensors")).st_size
+
+    def while_down(mgr):
+        if store == "9":
+            untreed(mgr, "9")
+        as_alice("ln -s v2 .next && mv -T .next llama", place)
+    d, mgr = restart_stored(tmp_path, {"llama": llama}, while_down)
+    try:
+        d.wait_for_log(r'model "llama": generation 1 restored', timeout=60)
+        _, line = d.wait_for_log(r'model "llama": (generation 2 from|.*wcachectl reload '
+                                 r'llama)', timeout=60)
+        if store == "10":
+            assert "generation 2 from %s: 1 file, %d bytes" % (llama, v2_size) in line, \
+                d.read_log()
+            wait_until(lambda: "generation 2" in d.attach("llama").stdout,
+                       what="generation 2 served")
+        else:
+            assert "a moved tree" in line and "wcachectl reload llama" in line, d.read_log()
+            assert "waits_for_reload" in model_entry(d, "llama"), model_entry(d, "llama")
+    finally:
+        d.stop()
+        mgr.close()

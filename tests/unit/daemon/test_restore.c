@@ -890,6 +890,49 @@ test_directory_model_unchanged_is_restored(void **state)
 }
 
 /*
+ * What the model's path named at its load (format version 10, review
+ * rev215 H1): the previous process recorded it for its generation (a
+ * one-file model's path names its file straight in its tree; a directory
+ * model's, of one file too, a directory), and the restored generation
+ * keeps it (registry_load.c's keep_tree reads it, where the path may lead
+ * elsewhere now); from a store before version 10 it is not told, and the
+ * layout decides (untold_named_file). Before, nothing recorded it.
+ */
+static void
+restored_path_named(struct fixture *f, uint8_t stored, int want)
+{
+	char *log;
+
+	assert_int_equal(f->s->desc->models[0].generations[0].role, FDSTORE_CURRENT);
+	assert_int_equal(f->s->desc->models[0].generations[0].named, stored);
+	log = restore_checked(f);
+	assert_int_equal(f->result, RESTORE_SERVED);
+	assert_int_equal(du_current(&f->t, "m")->path_named, want);
+	free(log);
+}
+
+static void
+test_a_one_file_models_generation_named_a_file(void **state)
+{
+	restored_path_named(*state, FDSTORE_NAMED_FILE, GEN_NAMED_FILE);
+}
+
+static void
+test_a_directory_models_generation_of_one_file_named_a_directory(void **state)
+{
+	restored_path_named(*state, FDSTORE_NAMED_DIR, GEN_NAMED_DIR);
+}
+
+static void
+test_a_version_9_generation_tells_not_what_its_path_named(void **state)
+{
+	struct fixture *f = *state;
+
+	f->s->desc->models[0].generations[0].named = FDSTORE_NAMED_UNRECORDED;
+	restored_path_named(f, FDSTORE_NAMED_UNRECORDED, GEN_NAMED_UNTOLD);
+}
+
+/*
  * The directory of a model stored as its one file gained a shard index
  * while no wcached ran: a load would open the files the index lists, so
  * the log says which file differs, and they are loaded as a reload
@@ -1439,6 +1482,13 @@ main(void)
 			test_a_remote_file_not_taken_closes_in_the_remote_lane, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_directory_model_unchanged_is_restored,
 			setup_dir, teardown),
+		cmocka_unit_test_setup_teardown(test_a_one_file_models_generation_named_a_file,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_directory_models_generation_of_one_file_named_a_directory, setup_dir,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_version_9_generation_tells_not_what_its_path_named, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_directory_that_gained_a_shard_index_serves_and_reloads,
 			setup_dir, teardown),
