@@ -259,7 +259,7 @@ linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
 	 * told by the walk's descriptor: no lookup by name (realpath(3) and
 	 * stat(2) of its answer asked his server) */
 	if ((fd = mountrule_open(NULL, path, NULL, 0)) >= 0) {
-		real = mountrule_fd_realpath(fd, path, NULL, 0);
+		real = mountrule_fd_realpath(NULL, fd, path, NULL, 0);
 		in = real != NULL && (strcmp(t->root, "/") == 0 ||
 			(strncmp(real, t->root, n) == 0 && real[n] == '/')) &&
 			fstat(fd, &now) == 0 && S_ISREG(now.st_mode) &&

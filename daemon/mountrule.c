@@ -430,14 +430,55 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
-char *
-mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+/*
+ * Whether the mount of the file fd holds is attached: its mount ID
+ * (statx AT_STATX_DONT_SYNC of the descriptor: no server asked) in the
+ * mount table, w's (read again where the kernel says the mounts changed
+ * since) or one read here (w NULL). 0; -ENOENT where no line has it, after
+ * one reading again: the mount was detached (umount -l) or is another
+ * namespace's, and the kernel names the file from that mount's own root
+ * ("/llama/model.safetensors"), a path here that is not the file (review
+ * rev215 L1); or -errno where the descriptor or the table cannot tell.
+ * Where the kernel gives no mount ID (before Linux 5.8): 0, the name taken
+ * as the kernel gives it, since a device cannot tell it (a detached
+ * mount's device may be listed for another of its mounts, and a btrfs
+ * subvolume's files have a device no line lists): "Not yet safe", README.
+ */
+static int
+fd_attached(struct mountrule_walk *w, int fd)
+{
+	struct fs_table own = FS_TABLE_INIT(MOUNTINFO);
+	struct fs_info fs;
+	struct statx sx;
+	int r;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == -1)
+		return -errno;
+	if ((sx.stx_mask & STATX_MNT_ID) == 0)
+		return 0;
+	r = fstype_table_find_id(w != NULL ? &w->table : &own, sx.stx_mnt_id, &fs);
+	fstype_table_free(&own);
+	return r;
+}
+
+/*
+ * mountrule_fd_realpath and mountrule_fd_name: the kernel's name for the
+ * file fd holds (readlink(2) of /proc/self/fd/N), then its mount checked
+ * attached (fd_attached: after the read, so that the name was read while
+ * it was; a detached mount is never attached again). removed NULL: a
+ * name ending " (deleted)" is refused (ENOENT); else it is given without
+ * it, *removed set.
+ */
+static char *
+fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char *why,
+	size_t len)
 {
 	static const char deleted[] = " (deleted)";
 	char link[32], *name;
 	ssize_t n;
 	size_t d = sizeof(deleted) - 1;
-	int e;
+	bool gone = false;
+	int e, attached = 0;
 
 	if (why == NULL)
 		len = 0;
@@ -448,14 +489,25 @@ mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
 	e = n < 0 ? errno : n >= PATH_MAX ? ENAMETOOLONG : 0;
 	if (n >= 0 && n < PATH_MAX) {
 		name[n] = '\0';
-		if (name[0] != '/' || ((size_t)n >= d && strcmp(name + n - d, deleted) == 0))
+		gone = (size_t)n >= d && strcmp(name + n - d, deleted) == 0;
+		if (name[0] != '/' || (gone && removed == NULL))
 			e = ENOENT;
 	}
-	if (e == 0)
+	if (e == 0 && (e = -(attached = fd_attached(w, fd))) == 0) {
+		if (removed != NULL && (*removed = gone))
+			name[n - (ssize_t)d] = '\0';
 		return name; /* its PATH_MAX bytes */
+	}
 	if (len > 0 && e == ENAMETOOLONG)
 		snprintf(why, len, "%s: its real path is %d bytes or more: it cannot be told",
 			path, PATH_MAX);
+	else if (len > 0 && attached == -ENOENT)
+		snprintf(why, len, "%s: the file the walk reached is on a mount gone from %s "
+			"(detached: umount -l; the kernel names it %.*s, from that mount's own "
+			"root)", path, MOUNTINFO, (int)(n > 200 ? 200 : n), name);
+	else if (len > 0 && attached < 0)
+		snprintf(why, len, "%s: whether the mount of the file the walk reached is "
+			"attached cannot be told (%s)", path, strerror(e));
 	else if (len > 0 && e == ENOENT && n >= 0)
 		snprintf(why, len, "%s: the file the walk reached has no path now (the kernel "
 			"names it %.*s)", path, (int)(n > 200 ? 200 : n), name);
@@ -465,6 +517,20 @@ mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
 	free(name);
 	errno = e;
 	return NULL;
+}
+
+char *
+mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
+	size_t len)
+{
+	return fd_name(w, fd, path, NULL, why, len);
+}
+
+char *
+mountrule_fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed,
+	char *why, size_t len)
+{
+	return fd_name(w, fd, path, removed, why, len);
 }
 
 char *
@@ -481,7 +547,7 @@ mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t
 		errno = -fd;
 		return NULL;
 	}
-	real = mountrule_fd_realpath(fd, path, why, len);
+	real = mountrule_fd_realpath(w, fd, path, why, len);
 	e = errno;
 	close(fd);
 	errno = e;

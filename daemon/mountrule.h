@@ -109,17 +109,33 @@ int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, 
  * holds (readlink(2) of /proc/self/fd/N: no lookup, no server asked; a
  * realpath(3) of the path after its walk looked it up again, name by
  * name, where a neighbour may have renamed a link to his FUSE mount in
- * since, and a thread waited on his server for good). A malloc'd string;
- * or NULL with errno: the walk's error (EXDEV with why set, as
- * mountrule_open sets it), ENAMETOOLONG where the name does not fit
- * PATH_MAX, ENOENT where the kernel says the file was removed (its name
- * ends " (deleted)": one whose own name ends so counts as removed too) or
- * gives no path (a file of another mount namespace, a detached mount:
- * not "/..."); why set for those too. mountrule_fd_realpath: the same
- * for a descriptor a walk gave (the load's own, before it closes it).
+ * since, and a thread waited on his server for good), taken only where
+ * the descriptor's mount is attached: its mount ID (statx STATX_MNT_ID,
+ * AT_STATX_DONT_SYNC) is in the mount table (w's; NULL: one read for the
+ * call). A malloc'd string; or NULL with errno: the walk's error (EXDEV
+ * with why set, as mountrule_open sets it), ENAMETOOLONG where the name
+ * does not fit PATH_MAX, ENOENT where the kernel says the file was removed
+ * (its name ends " (deleted)": one whose own name ends so counts as
+ * removed too) or gives no path ("anon_inode:...": not "/..."), or where
+ * the mount table does not list its mount: one detached since the walk
+ * (umount -l), or another namespace's, whose files the kernel names from
+ * that mount's own root, "/llama/model.safetensors", a path here that is
+ * not the file (review rev215 L1); the table's -errno where it cannot be
+ * read; why set for those too. On kernels before 5.8, which give no mount
+ * ID, the name is taken as the kernel gives it (a device cannot tell a
+ * detached mount: README, "Not yet safe").
+ * mountrule_fd_realpath: the same for a descriptor a walk gave (the
+ * load's own, before it closes it), in the run w (NULL: none).
+ * mountrule_fd_name: mountrule_fd_realpath, but a removed file's name is
+ * given too, its " (deleted)" taken off and *removed set (false where it
+ * was not): the path it was removed from (a warm restart's stored staged
+ * copy, found under stage_dir by that name).
  */
 char *mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len);
-char *mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+char *mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
+	size_t len);
+char *mountrule_fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed,
+	char *why, size_t len);
 
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
  * rule (the name rule's run: the listing's mount table, a struct fs_table

@@ -2020,7 +2020,7 @@ load_work(struct workq_job *w)
 	 * by name again, where a neighbour may have renamed a link to his
 	 * FUSE mount in since the walk, and waited on his server for good.
 	 * None (a name that cannot be told): as realpath's failure was. */
-	resolved = mountrule_fd_realpath(fd, q->path, NULL, 0);
+	resolved = mountrule_fd_realpath(NULL, fd, q->path, NULL, 0);
 	close(fd);
 	if (q->reload != RELOAD_WATCHED)
 		find_operator_tree(q, resolved);

@@ -461,7 +461,7 @@ file_place(const char *file, const char *path)
 static char *
 fd_place(int fd, const char *path)
 {
-	char *name = mountrule_fd_realpath(fd, path, NULL, 0), *place;
+	char *name = mountrule_fd_realpath(NULL, fd, path, NULL, 0), *place;
 
 	if (name == NULL)
 		return NULL;

@@ -94,7 +94,9 @@ char *__real_mountrule_realpath(struct mountrule_walk *w, const char *path, char
 	size_t len);
 char *__wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
 	size_t len);
-char *__real_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
-char *__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len);
+char *__real_mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path,
+	char *why, size_t len);
+char *__wrap_mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path,
+	char *why, size_t len);
 
 #endif

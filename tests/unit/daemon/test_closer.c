@@ -676,10 +676,11 @@ __wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
 }
 
 char *
-__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+__wrap_mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
+	size_t len)
 {
 	realpath_gate(path);
-	return __real_mountrule_fd_realpath(fd, path, why, len);
+	return __real_mountrule_fd_realpath(w, fd, path, why, len);
 }
 
 /* A load refused for descriptors, retried as generation 1's descriptors

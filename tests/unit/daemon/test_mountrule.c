@@ -575,7 +575,8 @@ real_as_realpath(struct mountrule_walk *w, const char *rel)
  * mountrule_realpath: a chain of links (relative, absolute, "..", a link
  * to a directory on the way) named as realpath(3) names it, alone and in
  * a run; a missing name and a loop fail as the walk does; a directory
- * removed while held, a file whose own name ends " (deleted)" (the kernel
+ * removed while held (mountrule_fd_name: the path it was removed from,
+ * said removed), a file whose own name ends " (deleted)" (the kernel
  * says so of a removed one: not told apart) and a directory whose name
  * is PATH_MAX bytes or more have none; as root, in a mount namespace of
  * the test's own, a walk refused at a mount (a table that cannot be read)
@@ -586,6 +587,7 @@ test_realpath(void **state)
 {
 	char p[PATH_MAX], abs[PATH_MAX], rm[PATH_MAX + 16], why[MOUNTRULE_WHY], name[NAME_MAX + 1];
 	struct mountrule_walk w;
+	bool removed = false;
 	char *r;
 	int fd, deep;
 
@@ -621,14 +623,24 @@ test_realpath(void **state)
 	at(p, sizeof(p), "gone");
 	assert_int_equal(mkdir(p, 0755), 0);
 	assert_true((fd = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
-	assert_non_null(r = mountrule_fd_realpath(fd, p, why, sizeof(why)));
+	assert_non_null(r = mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
 	assert_string_equal(r, p);
+	free(r);
+	removed = true;
+	assert_non_null(r = mountrule_fd_name(NULL, fd, p, &removed, why, sizeof(why)));
+	assert_string_equal(r, p);
+	assert_false(removed);
 	free(r);
 	assert_int_equal(rmdir(p), 0);
 	errno = 0;
-	assert_null(mountrule_fd_realpath(fd, p, why, sizeof(why)));
+	assert_null(mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
 	assert_int_equal(errno, ENOENT);
 	assert_non_null(strstr(why, " (deleted)"));
+	/* mountrule_fd_name: the path it was removed from, said so. */
+	assert_non_null(r = mountrule_fd_name(NULL, fd, p, &removed, why, sizeof(why)));
+	assert_string_equal(r, p);
+	assert_true(removed);
+	free(r);
 	close(fd);
 	make_file("x (deleted)");
 	at(p, sizeof(p), "x (deleted)");
@@ -647,7 +659,7 @@ test_realpath(void **state)
 		deep = fd;
 	}
 	errno = 0;
-	assert_null(mountrule_fd_realpath(deep, "deep", why, sizeof(why)));
+	assert_null(mountrule_fd_realpath(NULL, deep, "deep", why, sizeof(why)));
 	assert_int_equal(errno, ENAMETOOLONG);
 	assert_non_null(strstr(why, "deep: its real path is 4096 bytes or more"));
 	close(deep);
@@ -675,6 +687,75 @@ test_realpath(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+/*
+ * A file whose mount is detached (umount -l) after its walk: the kernel
+ * names it from that mount's own root ("/llama/model.safetensors"), a
+ * path of this root that is not the file; mountrule_fd_realpath and
+ * mountrule_fd_name give none, ENOENT, alone and in a run whose table was
+ * read while the mount was there (review rev215 L1: that name was taken
+ * for its real path). As root, in a mount namespace of the test's own.
+ */
+static void
+test_realpath_detached(void **state)
+{
+	char p[PATH_MAX], vol[PATH_MAX], rm[PATH_MAX + 16], why[MOUNTRULE_WHY], name[PATH_MAX];
+	char link[32];
+	struct mountrule_walk w;
+	bool removed = true;
+	char *r;
+	ssize_t n;
+	int fd, in_run;
+
+	(void)state;
+	if (geteuid() != 0)
+		skip(); /* mounts: root's */
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+		print_message("no mount namespace of the test's own (%s): skipped\n",
+			strerror(errno));
+		skip();
+	}
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	make_dir("vol");
+	at(vol, sizeof(vol), "vol");
+	assert_int_equal(mount("vol", vol, "tmpfs", 0, "size=1m"), 0);
+	make_dir("vol/llama");
+	make_file("vol/llama/model.safetensors");
+	at(p, sizeof(p), "vol/llama/model.safetensors");
+	assert_true((fd = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
+	mountrule_walk_init(&w);
+	assert_true((in_run = mountrule_open(&w, p, why, sizeof(why))) >= 0);
+	assert_non_null(r = mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
+	assert_string_equal(r, p);
+	free(r);
+	assert_non_null(r = mountrule_fd_realpath(&w, in_run, p, why, sizeof(why)));
+	assert_string_equal(r, p);
+	free(r);
+	assert_int_equal(umount2(vol, MNT_DETACH), 0);
+	/* What the kernel says of it now: a "/..." name that is not it. */
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	assert_true((n = readlink(link, name, sizeof(name) - 1)) > 0);
+	name[n] = '\0';
+	print_message("rev215 L1: detached, /proc/self/fd names it %s\n", name);
+	assert_string_equal(name, "/llama/model.safetensors");
+	errno = 0;
+	r = mountrule_fd_realpath(NULL, fd, p, why, sizeof(why));
+	assert_null(r);
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(why, "on a mount gone from /proc/self/mountinfo (detached"));
+	errno = 0;
+	assert_null(mountrule_fd_realpath(&w, in_run, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	errno = 0;
+	assert_null(mountrule_fd_name(&w, in_run, p, &removed, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	mountrule_walk_end(&w);
+	close(in_run);
+	close(fd);
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	assert_int_equal(system(rm), 0);
+}
+
 int
 main(void)
 {
@@ -683,6 +764,7 @@ main(void)
 		cmocka_unit_test(test_run_across_mounts),
 		cmocka_unit_test(test_listing_reads_once),
 		cmocka_unit_test(test_realpath),
+		cmocka_unit_test(test_realpath_detached),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -236,12 +236,13 @@ __wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
 }
 
 char *
-__wrap_mountrule_fd_realpath(int fd, const char *path, char *why, size_t len)
+__wrap_mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
+	size_t len)
 {
 	char *r;
 
 	moment(path, 0);
-	r = __real_mountrule_fd_realpath(fd, path, why, len);
+	r = __real_mountrule_fd_realpath(w, fd, path, why, len);
 	moment(path, 1);
 	return r;
 }
