@@ -1099,7 +1099,8 @@ enum place_seen {
 	PLACE_NOT_REACHED, /* the walk failed: nor is any prefix past it reached */
 	PLACE_NAMED,       /* reached, its real path read from the descriptor */
 	PLACE_UNNAMED,     /* reached, but its real path cannot be read (4096 bytes or
-			    * more, or deleted): a place that cannot be told */
+			    * more, deleted, or on a mount detached since the walk):
+			    * a place that cannot be told */
 	PLACE_ENDED,       /* the look ends: the walk refused a user's FUSE mount
 			    * (-EXDEV), the look's budget is spent, or out of memory */
 };
@@ -1117,9 +1118,8 @@ enum place_seen {
 static enum place_seen
 judged_place(struct mountrule_walk *w, const char *path, struct stat *st, int *fd, char **real)
 {
-	char proc[32], name[PATH_MAX], why[8];
-	ssize_t n = -1;
-	int told;
+	char why[8];
+	int e;
 
 	*real = NULL;
 	if ((*fd = mountrule_open(w, path, why, sizeof(why))) < 0) {
@@ -1128,20 +1128,20 @@ judged_place(struct mountrule_walk *w, const char *path, struct stat *st, int *f
 		*fd = -1;
 		return seen;
 	}
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", *fd);
-	if (diracl_fstat(*fd, st) == 0)
-		n = readlink(proc, name, sizeof(name) - 1);
-	if (n > 0)
-		name[n] = '\0';
-	told = n > 0 && name[0] == '/' && !(st->st_nlink == 0 && strstr(name, " (deleted)"));
-	if (told && (*real = strdup(name)) != NULL)
+	/* Its name: none where it is too long (ENAMETOOLONG), removed or on
+	 * a mount detached since the walk (ENOENT: the kernel names a
+	 * detached mount's file from that mount's own root, review rev215
+	 * L1), or the mount table cannot be read. */
+	if (diracl_fstat(*fd, st) == 0 &&
+		(*real = mountrule_fd_realpath(w, *fd, path, NULL, 0)) != NULL)
 		return PLACE_NAMED;
+	e = errno;
 	close(*fd);
 	*fd = -1;
 	/* Out of memory ends the look, as a refusal does: not the parent
 	 * judged in the directory's place, nor the descriptor left open
 	 * (review rev210 L1). */
-	return told ? PLACE_ENDED : PLACE_UNNAMED;
+	return e == ENOMEM ? PLACE_ENDED : PLACE_UNNAMED;
 }
 
 /*

@@ -122,24 +122,19 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 }
 
 /* The path of the open file fd as /proc/self/fd names it (links
- * resolved), without a " (deleted)" a removal left, into buf (len bytes):
- * 0, or -1 when it has none. */
+ * resolved; mountrule_fd_name: none where its mount is no longer in the
+ * mount table, a detached one's name, review rev215 L1), without a
+ * " (deleted)" a removal left (a staged copy swept is still a copy), into
+ * buf (len bytes): 0, or -1 when it has none. */
 static int
 fd_path(int fd, char *buf, size_t len)
 {
-	static const char deleted[] = " (deleted)";
-	char link[64];
-	ssize_t n;
-	size_t end;
+	bool removed;
+	char *name = mountrule_fd_name(NULL, fd, "a stored file", &removed, NULL, 0);
+	int r = name != NULL && (size_t)snprintf(buf, len, "%s", name) < len ? 0 : -1;
 
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	if ((n = readlink(link, buf, len - 1)) <= 0)
-		return -1;
-	buf[n] = '\0';
-	end = (size_t)n;
-	if (end > sizeof(deleted) - 1 && strcmp(buf + end - (sizeof(deleted) - 1), deleted) == 0)
-		buf[end - (sizeof(deleted) - 1)] = '\0';
-	return 0;
+	free(name);
+	return r;
 }
 
 /*
@@ -646,13 +641,14 @@ restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char
 }
 
 /* The real path of fd (an O_PATH descriptor of the judged walk's) as
- * /proc/self/fd names it, allocated; NULL. */
+ * /proc/self/fd names it (mountrule_fd_realpath), allocated; NULL where
+ * it has none: removed (fd_path's name, its " (deleted)" taken off, was
+ * taken before, and judged_dir took a directory removed since its walk
+ * for the one at its path), or on a mount detached since (rev215 L1). */
 static char *
 walked_path(int fd)
 {
-	char buf[PATH_MAX];
-
-	return fd_path(fd, buf, sizeof(buf)) == 0 && buf[0] == '/' ? strdup(buf) : NULL;
+	return mountrule_fd_realpath(NULL, fd, "a walked path", NULL, 0);
 }
 
 /* The directory path, reached by the judged walk in the run w (nothing

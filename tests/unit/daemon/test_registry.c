@@ -235,12 +235,24 @@ __wrap_mountrule_realpath(struct mountrule_walk *w, const char *path, char *why,
 	return r;
 }
 
+/* mountrule_fd_realpath() of fd_oom_of fails once (ENOMEM) while
+ * fd_oom_armed is set, and fd_oom_failed says it did: place_of's name of
+ * a directory reached (judged_place), out of memory (review rev210 L1). */
+static atomic_int fd_oom_armed, fd_oom_failed;
+static char fd_oom_of[4096];
+
 char *
 __wrap_mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
 	size_t len)
 {
 	char *r;
 
+	if (atomic_load(&fd_oom_armed) && strcmp(path, fd_oom_of) == 0 &&
+		atomic_exchange(&fd_oom_armed, 0)) {
+		atomic_store(&fd_oom_failed, 1);
+		errno = ENOMEM;
+		return NULL;
+	}
 	moment(path, 0);
 	r = __real_mountrule_fd_realpath(w, fd, path, why, len);
 	moment(path, 1);
@@ -2282,11 +2294,12 @@ open_fds(void)
 
 /*
  * rev210 L1: an operator's load of a path not there looks at the place it
- * names by the judged walk (place_of); where strdup() of a directory's real
- * path fails (out of memory), judged_place left the walk's descriptor open
- * and the look went on with the parent. Now it closes it and ends the look:
- * an operator's load of sub/m.safetensors, sub's strdup failing, leaves as
- * many descriptors open as the same load whose strdup succeeds.
+ * names by the judged walk (place_of); where a directory's real path
+ * cannot be had for want of memory (strdup() then; mountrule_fd_realpath
+ * since it names it), judged_place left the walk's descriptor open and the
+ * look went on with the parent. Now it closes it and ends the look: an
+ * operator's load of sub/m.safetensors, sub's real path failing, leaves as
+ * many descriptors open as the same load whose real path is had.
  */
 static void
 test_rev210_out_of_memory_in_place_of_leaves_no_descriptor(void **state)
@@ -2298,19 +2311,19 @@ test_rev210_out_of_memory_in_place_of_leaves_no_descriptor(void **state)
 	assert_true(asprintf(&dir, "%s/sub", t->dir) > 0);
 	assert_int_equal(mkdir(dir, 0755), 0);
 	assert_non_null(real = realpath(dir, NULL));
-	snprintf(strdup_fail_of, sizeof(strdup_fail_of), "%s", real);
+	snprintf(fd_oom_of, sizeof(fd_oom_of), "%s", dir);
 	assert_true(asprintf(&p, "%s/m.safetensors", dir) > 0);
 	assert_true(du_load(t, "a", p, PIN_NONE, 0) < 0);
 	before = open_fds();
 	assert_true(du_load(t, "b", p, PIN_NONE, 0) < 0);
 	after = open_fds();
-	atomic_store(&strdup_armed, 1);
+	atomic_store(&fd_oom_armed, 1);
 	assert_true(du_load(t, "c", p, PIN_NONE, 0) < 0);
-	atomic_store(&strdup_armed, 0);
-	print_message("rev210 L1: %d descriptors, %d after a load, %d after one whose strdup "
-		"of %s failed (%d)\n", before, after, open_fds(), real,
-		atomic_load(&strdup_failed));
-	assert_true(atomic_load(&strdup_failed));
+	atomic_store(&fd_oom_armed, 0);
+	print_message("rev210 L1: %d descriptors, %d after a load, %d after one whose real "
+		"path of %s failed (%d)\n", before, after, open_fds(), real,
+		atomic_load(&fd_oom_failed));
+	assert_true(atomic_load(&fd_oom_failed));
 	assert_int_equal(open_fds() - after, after - before);
 	free(p);
 	free(real);

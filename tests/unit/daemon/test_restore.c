@@ -15,9 +15,11 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,6 +40,7 @@
 #include "fdstore.h"
 #include "format/source.h"
 #include "listen.h"
+#include "mountrule.h"
 #include "restore.h"
 #include "restore_internal.h"
 #include "stage.h"
@@ -1446,6 +1449,84 @@ test_a_tree_a_stored_file_tells_is_its_owners(void **state)
 	rmdir(top);
 }
 
+/* mountrule_open (wrapped) of regrow_dir, once while regrow_armed: after
+ * the walk reached it, the directory is removed and made again (its file
+ * regrow_file moved out and back), and regrown says so: the walk's
+ * descriptor holds a directory removed since. */
+int __real_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+int __wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len);
+static atomic_int regrow_armed, regrown;
+static char regrow_dir[PATH_MAX], regrow_file[PATH_MAX + 16];
+
+int
+__wrap_mountrule_open(struct mountrule_walk *w, const char *path, char *why, size_t len)
+{
+	int fd = __real_mountrule_open(w, path, why, len);
+	char aside[PATH_MAX + 16];
+
+	if (fd >= 0 && atomic_load(&regrow_armed) && strcmp(path, regrow_dir) == 0 &&
+		atomic_exchange(&regrow_armed, 0)) {
+		snprintf(aside, sizeof(aside), "%s.aside", regrow_dir);
+		if (rename(regrow_file, aside) == 0 && rmdir(regrow_dir) == 0 &&
+			mkdir(regrow_dir, 0755) == 0 && rename(aside, regrow_file) == 0)
+			atomic_store(&regrown, 1);
+	}
+	return fd;
+}
+
+/*
+ * restore_stored_tree of a stored file whose tree's directory is removed
+ * and made again between the judged walk to it and the read of its name
+ * (judged_dir): the walk's descriptor holds a removed directory, which
+ * /proc/self/fd names "TREE (deleted)". judged_dir took off the
+ * " (deleted)" (walked_path) and took it for TREE: the tree told was TREE
+ * with the removed directory's inode, not the one there now. Now none:
+ * its tree could not be told.
+ */
+static void
+test_a_tree_removed_after_its_walk_is_not_told(void **state)
+{
+	char top[] = "/tmp/wc-regrow-XXXXXX", path[PATH_MAX + 32];
+	struct fdstore_file f = { 0 };
+	struct fdstore_generation g = { .number = 1, .role = FDSTORE_CURRENT, .nfiles = 1,
+		.files = &f };
+	struct restore_prepared p = { .g = &g, .index_fd = -1 };
+	struct stat before, now;
+	int fd;
+
+	(void)state;
+	assert_non_null(mkdtemp(top));
+	snprintf(regrow_dir, sizeof(regrow_dir), "%s/tree", top);
+	snprintf(regrow_file, sizeof(regrow_file), "%s/m.safetensors", regrow_dir);
+	snprintf(path, sizeof(path), "%s", regrow_file);
+	assert_int_equal(mkdir(regrow_dir, 0755), 0);
+	assert_true((fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) >= 0);
+	close(fd);
+	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
+	assert_int_equal(stat(regrow_dir, &before), 0);
+	p.fds = &fd;
+	atomic_store(&regrown, 0);
+	atomic_store(&regrow_armed, 1);
+	restore_stored_tree(&p, path, NULL);
+	atomic_store(&regrow_armed, 0);
+	assert_int_equal(stat(regrow_dir, &now), 0);
+	print_message("a tree removed after its walk: regrown %d, inode %ju then %ju, told %s "
+		"(inode %ju%s), why: %s\n", atomic_load(&regrown), (uintmax_t)before.st_ino,
+		(uintmax_t)now.st_ino, p.tree_root != NULL ? p.tree_root : "none",
+		(uintmax_t)p.tree_ino, p.tree_ino == before.st_ino ? ", the removed one's" : "",
+		p.tree_why);
+	assert_true(atomic_load(&regrown));
+	assert_true(now.st_ino != before.st_ino);
+	assert_null(p.tree_root);
+	assert_false(p.tree_ino_known);
+	assert_non_null(strstr(p.tree_why, "could not be told"));
+	free(p.tree_root);
+	close(fd);
+	unlink(regrow_file);
+	rmdir(regrow_dir);
+	rmdir(top);
+}
+
 int
 main(void)
 {
@@ -1510,6 +1591,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_holds_of_a_count_only_description,
 			setup_held_count_only, teardown),
 		cmocka_unit_test(test_a_tree_a_stored_file_tells_is_its_owners),
+		cmocka_unit_test(test_a_tree_removed_after_its_walk_is_not_told),
 		/* Last: its stage_sweep() keeps stage_dir's lock open (stage_dir.c's
 		 * sweep lock, held for the process), on a descriptor a later
 		 * test's store would need (su_manager_pass places it at 3..). */
