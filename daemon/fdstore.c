@@ -543,7 +543,8 @@ get_kept(struct in *in, struct fdstore_tree *t, const char *where)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	for (uint32_t k = 0; k < t->nkept; k++) {
 		if ((r = get_le(in, 4, &v, where, "tree kept file's owner")) < 0 ||
-			(r = get_le(in, 8, &t->kept[k].dev, where, "tree kept file's device")) < 0 ||
+			(r = get_le(in, 8, &t->kept[k].dev, where,
+				 "tree kept file's device")) < 0 ||
 			(r = get_le(in, 8, &t->kept[k].ino, where, "tree kept file's inode")) < 0)
 			return r;
 		t->kept[k].uid = (uint32_t)v;

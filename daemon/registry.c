@@ -488,22 +488,8 @@ registry_add_generation(struct registry *r, struct model_entry *m, struct genera
 		r->changed(r);
 }
 
-/*
- * What a watched reload keeps of g's files (registry_load.c's keep_tree:
- * each file's owner and identity, its origin's for a staged copy, and its
- * shard index's where g read one), into m's operator_tree.kept, as a warm
- * restart keeps a stored generation's (registry_keep_tree): once g is
- * withdrawn, only the reload registry_withdraw queues keeps g itself, and
- * every later one is judged against operator_tree. An operator's reload
- * that failed while g served left it with no owner kept: a neighbour's
- * file made at a one-file model's name in a sticky 1777 place, once its
- * owner's was gone, was taken (review rev210 L2). 0, or -ENOMEM: then
- * operator_tree is left as it was (its owners untold where an operator's
- * load found a tree and failed, take_operator_tree; none kept where no
- * load of the operator's found one, and its reloads wait for hers).
- */
-static int
-keep_withdrawn_files(struct model_entry *m, const struct generation *g)
+int
+registry_kept_of(const struct generation *g, struct registry_kept_files *k)
 {
 	const struct model_source *src = &g->source;
 	int index = src->format == FORMAT_SHARDED && g->origin == NULL &&
@@ -511,6 +497,7 @@ keep_withdrawn_files(struct model_entry *m, const struct generation *g)
 	size_t n = src->nfiles + (index ? 1 : 0);
 	struct registry_kept_files kept = { .nfiles = n };
 
+	*k = (struct registry_kept_files){ .owners = NULL };
 	if (n == 0)
 		return 0;
 	if ((kept.owners = calloc(n, sizeof(*kept.owners))) == NULL ||
@@ -532,6 +519,33 @@ keep_withdrawn_files(struct model_entry *m, const struct generation *g)
 	kept.named_file = kept.named_told ? g->path_named == GEN_NAMED_FILE :
 		g->resolved_path != NULL && g->tree_root != NULL &&
 		registry_file_in(g->resolved_path, g->tree_root);
+	*k = kept;
+	return 0;
+}
+
+/*
+ * What a watched reload keeps of g's files (registry_load.c's keep_tree:
+ * each file's owner and identity, its origin's for a staged copy, and its
+ * shard index's where g read one), into m's operator_tree.kept, as a warm
+ * restart keeps a stored generation's (registry_keep_tree): once g is
+ * withdrawn, only the reload registry_withdraw queues keeps g itself, and
+ * every later one is judged against operator_tree. An operator's reload
+ * that failed while g served left it with no owner kept: a neighbour's
+ * file made at a one-file model's name in a sticky 1777 place, once its
+ * owner's was gone, was taken (review rev210 L2). 0, or -ENOMEM: then
+ * operator_tree is left as it was (its owners untold where an operator's
+ * load found a tree and failed, take_operator_tree; none kept where no
+ * load of the operator's found one, and its reloads wait for hers).
+ */
+static int
+keep_withdrawn_files(struct model_entry *m, const struct generation *g)
+{
+	struct registry_kept_files kept;
+
+	if (registry_kept_of(g, &kept) < 0)
+		return -ENOMEM;
+	if (kept.nfiles == 0)
+		return 0;
 	registry_kept_clear(&m->operator_tree.kept);
 	m->operator_tree.kept = kept;
 	m->operator_tree.owners_untold = 0;

@@ -87,6 +87,13 @@ struct registry_kept_files {
 /* Frees what k holds and empties it. */
 void registry_kept_clear(struct registry_kept_files *k);
 
+/* What a watched reload keeps of g's files (registry_load.c's keep_tree),
+ * into *k (empty it with registry_kept_clear): each file's owner and
+ * identity (a staged copy's origin's), its shard index's where g read one,
+ * and what its path named (named_told where g's load told it). 0, or
+ * -ENOMEM (k left empty). */
+int registry_kept_of(const struct generation *g, struct registry_kept_files *k);
+
 /* What a load is (registry_load.c's queue_load) and what reload_again asks
  * for: a load or reload by the operator resolves the model's path anew; a
  * watched one (registry_reload_watched) keeps the tree its newest

@@ -751,6 +751,30 @@ wait_unjudged(struct registry *r, const char *name, const char *why, const char 
 	registry_wait_for_operator(r, name, line, NULL);
 }
 
+/* The kept files t recorded (fdstore.h: tree's kept), as a restart tells
+ * a stored generation's (registry_kept_files), into *k. 0, or -ENOMEM
+ * (then none: its owners are untold, and its reload fails closed). */
+static int
+stored_kept(const struct fdstore_tree *t, struct registry_kept_files *k)
+{
+	struct registry_kept_files v = { .nfiles = t->nkept,
+		.named_told = t->named != FDSTORE_NAMED_UNRECORDED,
+		.named_file = t->named == FDSTORE_NAMED_FILE };
+
+	if ((v.owners = calloc(t->nkept, sizeof(*v.owners))) == NULL ||
+		(v.ids = calloc(t->nkept, sizeof(*v.ids))) == NULL) {
+		registry_kept_clear(&v);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < t->nkept; i++) {
+		v.owners[i] = (uid_t)t->kept[i].uid;
+		v.ids[i] = (struct registry_file_id){ .dev = (dev_t)t->kept[i].dev,
+			.ino = (ino_t)t->kept[i].ino };
+	}
+	*k = v;
+	return 0;
+}
+
 /*
  * Loop thread: the model m, listed (registry_expect) and not restored
  * (why), is loaded as a reload wcached makes by itself, judged against the
@@ -784,7 +808,9 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m,
 		.place_mode = (mode_t)t->place_mode, .place_dir_len = t->place_dir_len };
 	const char *whose = "the store recorded for it (the tree it was last loaded from, or "
 		"that the operator's last load of it found)";
+	struct registry_kept_files recorded = { .owners = NULL };
 	char reason[ERROR_MAX];
+	int err;
 
 	snprintf(reason, sizeof(reason), "%s", why);
 	if (t->root == NULL && p != NULL && p->tree_root != NULL) {
@@ -811,7 +837,15 @@ keep_stored_tree(struct registry *r, const struct fdstore_model *m,
 			"tree could not be told) and its stored files tell none");
 		return -1;
 	}
-	if (registry_keep_tree(r, m->name, &kept) < 0) {
+	/* Where no stored generation told them, the files its tree's
+	 * generation served as the description recorded them (version 10: a
+	 * model with no generation stored, review rev209 M1). */
+	if (kept.kept.nfiles == 0 && t->nkept > 0 &&
+		stored_kept(t, &recorded) == 0)
+		kept.kept = recorded;
+	err = registry_keep_tree(r, m->name, &kept);
+	registry_kept_clear(&recorded);
+	if (err < 0) {
 		char what[ERROR_MAX + 64];
 
 		snprintf(what, sizeof(what), "the tree its store recorded could not be kept (%s)",

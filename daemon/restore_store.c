@@ -701,18 +701,21 @@ describable(const char *path)
 
 /* The tree dm records (fdstore.h: tree): m's (judged_tree), or, for the
  * previous description's carried model, whose check has not ended, its
- * own. A root or place that cannot be described is not: nothing is
- * recorded. 0 or -ENOMEM. */
+ * own, its kept files with it (room: what FDSTORE_MAX_KEPT_ALL leaves). A
+ * root or place that cannot be described is not: nothing is recorded. 0
+ * or -ENOMEM. */
 static int
 describe_tree(struct fdstore_model *dm, const struct model_entry *m,
-	const struct fdstore_model *carried)
+	const struct fdstore_model *carried, size_t *room)
 {
 	struct fdstore_tree *dt = &dm->tree;
 	struct registry_tree t;
+	int carried_tree = 0;
 
 	if (!judged_tree(m, &t)) {
 		if (carried == NULL || carried->tree.root == NULL)
 			return 0;
+		carried_tree = 1;
 		t = (struct registry_tree){ .root = carried->tree.root, .uid = carried->tree.uid,
 			.root_known = carried->tree.root_known,
 			.root_dev = (dev_t)carried->tree.root_dev,
@@ -735,7 +738,64 @@ describe_tree(struct fdstore_model *dm, const struct model_entry *m,
 		dt->place_mode = (uint32_t)(t.place_mode & 07777);
 		dt->place_dir_len = (uint32_t)(t.place_dir_len < len ? t.place_dir_len : len);
 	}
+	if (carried_tree && carried->tree.nkept > 0 && carried->tree.nkept <= *room) {
+		if ((dt->kept = malloc(carried->tree.nkept * sizeof(*dt->kept))) == NULL)
+			return -ENOMEM;
+		memcpy(dt->kept, carried->tree.kept, carried->tree.nkept * sizeof(*dt->kept));
+		dt->nkept = carried->tree.nkept;
+		dt->named = carried->tree.named;
+		*room -= dt->nkept;
+	}
 	return 0;
+}
+
+/* dt's kept files (fdstore.h: tree's kept) from k, at most room of them
+ * (else none: FDSTORE_MAX_KEPT_ALL), with what its path named where k's
+ * load told it. 0 or -ENOMEM. */
+static int
+describe_kept_files(struct fdstore_tree *dt, const struct registry_kept_files *k,
+	size_t *room)
+{
+	if (k->nfiles == 0 || k->nfiles > FDSTORE_MAX_KEPT || k->nfiles > *room)
+		return 0;
+	if ((dt->kept = calloc(k->nfiles, sizeof(*dt->kept))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; i < k->nfiles; i++)
+		dt->kept[i] = (struct fdstore_kept){ .uid = (uint32_t)k->owners[i],
+			.dev = (uint64_t)k->ids[i].dev, .ino = (uint64_t)k->ids[i].ino };
+	dt->nkept = (uint32_t)k->nfiles;
+	dt->named = !k->named_told ? FDSTORE_NAMED_UNRECORDED :
+		k->named_file ? FDSTORE_NAMED_FILE : FDSTORE_NAMED_DIR;
+	*room -= k->nfiles;
+	return 0;
+}
+
+/*
+ * The files dm's tree kept (fdstore.h: tree's kept) where dm, m's
+ * description, holds no generation (none fitted in the store, its store
+ * failed, or nothing serves m): those of the generation whose tree it
+ * records (judged_tree: m's newest), else those its operator_tree kept (a
+ * withdrawn generation's, a restart's), as a watched reload keeps them
+ * (keep_tree), for the next start's reload of m (review rev209 M1: they
+ * were lost, and its owners untold made it wait wherever others may write
+ * beside its files). room: what FDSTORE_MAX_KEPT_ALL leaves. 0 or -ENOMEM.
+ */
+static int
+describe_kept(struct fdstore_model *dm, const struct model_entry *m, size_t *room)
+{
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+	struct registry_kept_files k;
+	int err;
+
+	if (dm->ngenerations > 0 || dm->tree.root == NULL || dm->tree.nkept > 0)
+		return 0;
+	if (g == NULL || g->tree_root == NULL)
+		return describe_kept_files(&dm->tree, &m->operator_tree.kept, room);
+	if (registry_kept_of(g, &k) < 0)
+		return -ENOMEM;
+	err = describe_kept_files(&dm->tree, &k, room);
+	registry_kept_clear(&k);
+	return err;
 }
 
 /*
@@ -748,6 +808,7 @@ static int
 describe_planned(const struct registry *r, const struct store_plan *p, struct fdstore_desc **out)
 {
 	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	size_t kept_room = FDSTORE_MAX_KEPT_ALL;
 
 	if (d == NULL)
 		return -ENOMEM;
@@ -763,15 +824,18 @@ describe_planned(const struct registry *r, const struct store_plan *p, struct fd
 		dm->slot = m->slot;
 		dm->last_generation = m->last_generation;
 		if (describe_wait(dm, m, p->models[i].carried) < 0 ||
-			describe_tree(dm, m, p->models[i].carried) < 0)
+			describe_tree(dm, m, p->models[i].carried, &kept_room) < 0)
 			goto fail;
 		if (p->models[i].carried != NULL) {
 			if (fdstore_carry(dm, p->models[i].carried) < 0)
 				goto fail;
 			continue;
 		}
-		if (!plan_has(p, m->current) || !stored_whole(m, m->current))
+		if (!plan_has(p, m->current) || !stored_whole(m, m->current)) {
+			if (describe_kept(dm, m, &kept_room) < 0)
+				goto fail;
 			continue;
+		}
 		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
 			describe_generation(&dm->generations[0], m, m->current,
 				FDSTORE_CURRENT) < 0)
@@ -855,8 +919,8 @@ log_left_out(const char *left_out)
 			  "descriptors (FileDescriptorStoreMax=), the status page and the "
 			  "description among them, and a model at most %u generations; not "
 			  "stored: %s; a restart loads them afresh or does not restore them (a "
-			  "model left out whole waits for `wcachectl reload NAME` where others "
-			  "than its owner may write in the directory holding its files: raise "
+			  "model left out whole loads as a reload wcached makes by itself, judged "
+			  "against the tree and files the description records: raise "
 			  "FileDescriptorStoreMax= in the unit)",
 			restore_store_max(), FDSTORE_MAX_GENERATIONS, left_out);
 }
@@ -928,19 +992,30 @@ hash_holders(uint64_t h, const struct generation *g)
  * description that kept the old one would make the next start compare
  * against it). Never 0. */
 /* h with m's judged_tree hashed in: the operator's load that failed (and
- * so made no generation) changes what the description records. */
+ * so made no generation) changes what the description records; and what
+ * its kept files come from (describe_kept): its newest generation, or
+ * operator_tree's (a withdrawal, a restart). */
 static uint64_t
 hash_tree(uint64_t h, const struct model_entry *m)
 {
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+	const struct registry_kept_files *k = &m->operator_tree.kept;
 	struct registry_tree t;
 
 	if (!judged_tree(m, &t))
 		return (h ^ 0x7e) * 1099511628211ull;
-	uint64_t v[5] = { t.uid, (uint64_t)t.root_known, (uint64_t)t.root_dev,
-		(uint64_t)t.root_ino, ((uint64_t)t.place_mode << 32) | t.place_dir_len };
+	uint64_t v[8] = { t.uid, (uint64_t)t.root_known, (uint64_t)t.root_dev,
+		(uint64_t)t.root_ino, ((uint64_t)t.place_mode << 32) | t.place_dir_len,
+		g != NULL ? g->number : 0, g != NULL ? (uint64_t)g->path_named : 0,
+		((uint64_t)k->nfiles << 2) | (uint64_t)(k->named_told << 1) |
+			(uint64_t)k->named_file };
 
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < 8; i++)
 		h = (h ^ v[i]) * 1099511628211ull;
+	for (size_t i = 0; i < k->nfiles; i++) {
+		h = (h ^ (uint64_t)k->owners[i]) * 1099511628211ull;
+		h = (h ^ (uint64_t)k->ids[i].ino) * 1099511628211ull;
+	}
 	for (const char *p = t.root; *p != '\0'; p++)
 		h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	for (const char *p = t.place; p != NULL && *p != '\0'; p++)

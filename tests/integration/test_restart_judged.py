@@ -91,16 +91,16 @@ def stored(d, mgr):
                  what="generation and description stored")
 
 
-def restart_stored(tmp_path, models, while_down):
-    """restart_with once llama's generation and description are stored
-    (stored), while_down(mgr) given the fake service manager (to rewrite
-    its store: untreed)."""
+def restart_stored(tmp_path, models, while_down, until=stored, max_fds=None):
+    """restart_with once until(d, mgr) has returned (by default llama's
+    generation and description stored), while_down(mgr) given the fake
+    service manager (to rewrite its store: untreed)."""
     mgrs = []
 
     def started(d, mgr):
-        stored(d, mgr)
+        until(d, mgr)
         mgrs.append(mgr)
-    return restart_with(tmp_path, models, started, lambda: while_down(mgrs[0]))
+    return restart_with(tmp_path, models, started, lambda: while_down(mgrs[0]), max_fds)
 
 
 def test_a_deployers_link_to_roots_private_model_at_a_warm_restart_waits(tmp_path):
@@ -341,20 +341,31 @@ def test_a_neighbours_file_at_a_one_file_models_name_in_a_shared_place_at_a_rest
     assert status == 0, d.read_log()
 
 
+@pytest.mark.parametrize("store", ["10", "9"])
 def test_a_neighbours_file_at_the_name_of_a_model_stored_without_its_generation_waits(
-        tmp_path):
+        tmp_path, store):
     """The same, with no room in the store for alice's generation (a unit's
     FileDescriptorStoreMax= of 2: the status page and the description): the
-    restart has no descriptor to tell whose the file it served was, and its
-    judged load waits for `wcachectl reload alice` where others may write in
-    the directory holding the files. Before, bob's file was served."""
+    description (format version 10) records the owner and inode of the file
+    it served, and the restart's judged load keeps them as a stored
+    descriptor's, so bob's file waits for `wcachectl reload alice` as above.
+    From a version 9 store (the upgrade's), which records none, it waits
+    where others may write in the directory holding the files, the restart
+    unable to tell whose the file it served was (review rev209 M1). Before
+    either, bob's file was served."""
     shared, m = alices_file_in_a_shared_place(tmp_path)
-    d, mgr = restart_with(tmp_path, {"alice": m}, alice_stored,
-                          lambda: alices_moves_and_bobs_file(shared), max_fds=2)
+
+    def while_down(mgr):
+        if store == "9":
+            untreed(mgr, "9")
+        alices_moves_and_bobs_file(shared)
+    d, mgr = restart_stored(tmp_path, {"alice": m}, while_down, alice_stored, max_fds=2)
     try:
         assert not any(k.endswith("-i") for k in mgr.store), sorted(mgr.store)
         line = bobs_file_never_served(d, m)
-        assert "the warm restart could not tell whose the files it served" in line, \
+        assert ("names a file now owned by uid %d (was uid %d)" % (BOB_UID, ALICE_UID)
+                if store == "10" else
+                "the warm restart could not tell whose the files it served") in line, \
             d.read_log()
     finally:
         status = d.stop()
@@ -377,29 +388,43 @@ def test_a_neighbours_file_at_a_one_file_models_name_while_wcached_runs_waits(tm
         assert d.stop() == 0, d.read_log()
 
 
-def test_a_model_the_store_had_no_room_for_waits_at_a_restart_and_says_why(tmp_path):
+@pytest.mark.parametrize("store", ["10", "9"])
+def test_a_model_the_store_had_no_room_for_loads_at_a_restart_or_says_why(tmp_path, store):
     """alice's one-file model straight in a sticky place, a store with no
     room for its generation (FileDescriptorStoreMax= of 2: the status page
-    and the description), nothing changed while wcached restarts: with no
-    descriptor to tell whose the file it served was, the restart's judged
-    load waits for `wcachectl reload alice` (fail closed), and its lines
-    name the store's room as the cause and the remedy, as the stop's
-    warning does. Before, they named only neighbours (review rev209 M1)."""
+    and the description), nothing changed while wcached restarts: the
+    description (format version 10) records the owner and inode of the file
+    it served, and the restart's judged load, keeping them, loads that very
+    file again (generation 2). Before, with no descriptor to tell whose the
+    file it served was, it waited for `wcachectl reload alice` after every
+    such restart (review rev209 M1); from a version 9 store (the upgrade's)
+    it still does, failing closed, and its lines name the store's room as
+    the cause and the remedy, as the stop's warning does."""
     def stored_without_its_generation(d, mgr):
         alice_stored(d, mgr)
         _, line = d.wait_for_log(r'not stored: models left out whole: "alice"', timeout=60)
-        assert re.search(r'; .*waits for `wcachectl reload NAME` .*raise '
-                         r'FileDescriptorStoreMax= in the unit', line), line
+        assert re.search(r'; .*a model left out whole loads as a reload wcached makes by '
+                         r'itself, judged against the tree and files the description records'
+                         r'.*raise FileDescriptorStoreMax= in the unit', line), line
 
     shared, m = alices_file_in_a_shared_place(tmp_path)
-    d, mgr = restart_with(tmp_path, {"alice": m}, stored_without_its_generation, lambda: None,
-                          max_fds=2)
+    d, mgr = restart_stored(tmp_path, {"alice": m},
+                            lambda mgr: untreed(mgr, "9") if store == "9" else None,
+                            stored_without_its_generation, max_fds=2)
     try:
         _, line = d.wait_for_log(r'model "alice": not restored', timeout=60)
         assert "the file descriptor store had no room for its descriptors: raise " \
             "FileDescriptorStoreMax= in the unit" in line, line
+        assert (" and the owners of the files it served" in line) == (store == "10"), line
         _, line = d.wait_for_log(r'model "alice": (generation \d+ from|its files .* lie in'
                                  r'|.*wcachectl reload alice)', timeout=60)
+        assert os.stat(m).st_uid == ALICE_UID
+        if store == "10":
+            assert "generation 2 from %s: 1 file, %d bytes" % (m, os.stat(m).st_size) in line, \
+                d.read_log()
+            wait_until(lambda: "generation 2" in d.attach("alice").stdout,
+                       what="alice's generation 2 served")
+            return
         assert "if the file descriptor store had no room for its generation's descriptors, " \
             "raise FileDescriptorStoreMax= in the unit" in line, line
         assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")

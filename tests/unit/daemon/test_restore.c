@@ -1188,10 +1188,59 @@ test_no_current_generation_is_judged_against_its_tree(void **state)
 	assert_int_equal(e->operator_tree.uid, st.st_uid);
 	assert_true(e->operator_tree.root_known);
 	assert_int_equal(e->operator_tree.root_ino, st.st_ino);
+	/* Nothing recorded the files it served (the previous process stored
+	 * its generation): their owners are untold. */
+	assert_int_equal(e->operator_tree.kept.nfiles, 0);
+	assert_int_equal(e->operator_tree.owners_untold, OWNERS_UNTOLD_RESTART);
 	assert_int_equal(f->done, 0);
 	restore_started(f->s, &f->t.reg);
 	free(log);
 	free(dir);
+}
+
+/*
+ * Review rev209 M1: a model described with no current generation whose
+ * tree records the files it served (format version 10: the store had no
+ * room for their descriptors) is judged against them too: its
+ * operator_tree keeps their owners and inodes, and what its path named, as
+ * a stored generation's descriptors tell them (restore_tell_files), so its
+ * owners are told. Before, nothing recorded them: owners untold, and its
+ * reload waited wherever others may write beside its files.
+ */
+static void
+test_no_current_generation_keeps_the_files_its_tree_recorded(void **state)
+{
+	struct fixture *f = *state;
+	struct fdstore_tree *t = &f->s->desc->models[0].tree;
+	const struct model_entry *e;
+	char *log;
+	struct stat st;
+
+	assert_int_equal(stat(f->file, &st), 0);
+	no_current(f, 1);
+	assert_non_null(t->root);
+	assert_int_equal(t->nkept, 0); /* the previous process stored the generation */
+	assert_non_null(t->kept = calloc(1, sizeof(*t->kept)));
+	t->kept[0] = (struct fdstore_kept){ .uid = (uint32_t)st.st_uid,
+		.dev = (uint64_t)st.st_dev, .ino = (uint64_t)st.st_ino };
+	t->nkept = 1;
+	t->named = FDSTORE_NAMED_DIR;
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), RESTORE_MODEL_JUDGED);
+	log = du_log_stop(&f->t);
+	assert_non_null(strstr(log, "(the tree it was last loaded from, or that the operator's "
+		"last load of it found) and the owners of the files it served"));
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_int_equal(e->operator_tree.owners_untold, 0);
+	assert_int_equal(e->operator_tree.kept.nfiles, 1);
+	assert_int_equal(e->operator_tree.kept.owners[0], st.st_uid);
+	assert_int_equal(e->operator_tree.kept.ids[0].dev, st.st_dev);
+	assert_int_equal(e->operator_tree.kept.ids[0].ino, st.st_ino);
+	assert_true(e->operator_tree.kept.named_told);
+	assert_false(e->operator_tree.kept.named_file);
+	restore_started(f->s, &f->t.reg);
+	free(log);
 }
 
 /*
@@ -1533,6 +1582,9 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(
 			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_no_current_generation_keeps_the_files_its_tree_recorded, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_no_current_generation_and_no_tree_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(

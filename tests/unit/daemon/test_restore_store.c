@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -349,6 +350,36 @@ described_generations(const struct fdstore_desc *d, const char *name)
 	return -1;
 }
 
+/* d describes model name with no generation and, in their place, the one
+ * file path (its owner, device and inode) as its tree's kept file, its path
+ * having named a file (format version 10, review rev209 M1); or, with a
+ * generation, no kept file. */
+static void
+assert_kept_file(const struct fdstore_desc *d, const char *name, const char *path)
+{
+	struct stat st;
+
+	assert_int_equal(stat(path, &st), 0);
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_tree *tr = &d->models[i].tree;
+
+		if (strcmp(d->models[i].name, name) != 0)
+			continue;
+		assert_non_null(tr->root);
+		if (d->models[i].ngenerations > 0) {
+			assert_int_equal(tr->nkept, 0);
+			return;
+		}
+		assert_int_equal(tr->nkept, 1);
+		assert_int_equal(tr->kept[0].uid, st.st_uid);
+		assert_int_equal(tr->kept[0].dev, st.st_dev);
+		assert_int_equal(tr->kept[0].ino, st.st_ino);
+		assert_int_equal(tr->named, FDSTORE_NAMED_FILE);
+		return;
+	}
+	fail_msg("model \"%s\" not described", name);
+}
+
 /*
  * Under FileDescriptorStoreMax=6 ($FDSTORE=6), of one-file models (2
  * descriptors a generation): the status page and the description count
@@ -428,6 +459,9 @@ test_store_within_fdstore(void **state)
 	assert_int_equal(described_generations(d, "m"), 0);
 	assert_int_equal(described_generations(d, "n"), 1);
 	assert_int_equal(described_generations(d, "o"), 1);
+	/* m's tree records the file it served, in its descriptors' place. */
+	assert_kept_file(d, "m", a);
+	assert_kept_file(d, "n", b);
 	fdstore_free(d);
 	assert_int_equal(most_held(&f->m, 0, 0), 6);
 
