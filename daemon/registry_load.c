@@ -2075,12 +2075,13 @@ load_work(struct workq_job *w)
 }
 
 /*
- * Work queue thread, after a staging failed: where its path is, as it was
- * when the load opened it (before the copy began), so that a poll sees a
+ * After a staging failed (work queue thread), or a load refused on the
+ * loop once validated (load_failed): where its path is, as it was when
+ * the load opened it (before the copy began), so that a poll sees a
  * replacement made during the copy (the copy fails "replaced during the
  * copy") as the change that mends it; what the path names now would look
- * unchanged, and the model would never load. A load that never stat'ed
- * its path looks now (note_failed_path).
+ * unchanged, and the model would never load. 0 where the load never
+ * stat'ed its path: off the loop it looks now (note_opened_path).
  */
 static int
 note_opened_stat(struct load_request *q)
@@ -2619,14 +2620,16 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 	char served[160];
 
 	m->load_errors++;
-	if (!q->path_known && q->source.nfiles > 0) {
-		/* Refused on the loop after a validation that worked (staging
-		 * could not start): the source says where it is. */
-		q->path_known = 1;
-		q->path_dev = q->source.files[0].st.st_dev;
-		q->path_err = 0;
-		q->path_st = q->source.files[0].st;
-	}
+	/* Refused on the loop after a validation that worked (staging could
+	 * not start, or its generation could not be made): the path's own
+	 * stat as the load opened it (note_opened_stat), a directory's or a
+	 * shard index's too, which the watch armed again compares the path
+	 * with. Not one of its files' (a directory, an index, or a staged
+	 * copy's file never matched: the model was always reloaded). Never
+	 * told: unknown, and no lookup on the loop; the watch then takes
+	 * nothing for a change. */
+	if (!q->path_known && !q->path_noted)
+		note_opened_stat(q);
 	/* Only a load of the path its watches are on: the operator's load of
 	 * another path that failed leaves them as they are, and a stat of
 	 * that path is nothing to compare the model's own with (the re-arm

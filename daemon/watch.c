@@ -521,13 +521,19 @@ sync_after(struct workq_job *job, int status)
 
 		/* Armed again after a failed load: a change of its path since
 		 * (a file renamed into a directory made again) made no event
-		 * this process saw (review rev199 M2). */
-		if (j->rearm && same_path && m->error != NULL &&
-			watch_stat_sig(j->path_err, &j->path_st) !=
+		 * this process saw (review rev199 M2). Unchanged: said at
+		 * debug, the end of that look. */
+		if (j->rearm && same_path && m->error != NULL) {
+			if (watch_stat_sig(j->path_err, &j->path_st) !=
 				watch_stat_sig(j->failed_err, &j->failed_st)) {
-			log_info("model \"%s\": %s changed after its last load failed, before its "
-				 "directory was watched again", m->name, m->path);
-			watch_mark_dirty(w, m->name);
+				log_info("model \"%s\": %s changed after its last load failed, "
+					 "before its directory was watched again", m->name,
+					m->path);
+				watch_mark_dirty(w, m->name);
+			} else {
+				log_debug("model \"%s\": %s unchanged since its last load failed, "
+					  "its directory watched again", m->name, m->path);
+			}
 		}
 		if (s != NULL && same_path) {
 			free(s->path);

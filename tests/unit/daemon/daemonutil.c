@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -93,6 +94,94 @@ du_model(struct du *t, const char *name, size_t floats)
 	path = tu_write(t->dir, name, buf, len);
 	free(buf);
 	return path;
+}
+
+const char *
+du_kind_name(enum du_kind kind)
+{
+	static const char *const names[DU_KINDS] = { "a file", "a directory", "a shard index",
+		"a link to a file", "a link to a directory", "a link to a shard index" };
+
+	return names[kind];
+}
+
+/* Writes t->dir/sub/name, a shard index naming the one shard
+ * s.safetensors. */
+static void
+write_index(struct du *t, const char *sub, const char *name)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s/%s", t->dir, sub, name);
+	assert_non_null(f = fopen(path, "w"));
+	fputs("{\"weight_map\":{\"w\":\"s.safetensors\"}}", f);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* What a path of kind names in its directory, and the link to it there
+ * (the path), or NULL. */
+static const char *const kind_named[DU_KINDS] = { "m.safetensors", "m",
+	"m.safetensors.index.json", "m.safetensors", "m", "m.safetensors.index.json" };
+static const char *const kind_link[DU_KINDS] = { NULL, NULL, NULL, "cur.safetensors", "cur",
+	"cur.safetensors.index.json" };
+
+/* Makes the model of kind as name in t->dir/sub: a file of floats floats,
+ * a directory holding one, or an index (and its shard, the first time). */
+static void
+model_of_kind(struct du *t, const char *sub, enum du_kind kind, const char *name, size_t floats)
+{
+	char rel[512];
+
+	if (kind == DU_DIR || kind == DU_LINK_DIR) {
+		snprintf(rel, sizeof(rel), "%s/%s/%s", t->dir, sub, name);
+		assert_int_equal(mkdir(rel, 0755), 0);
+		snprintf(rel, sizeof(rel), "%s/%s/model.safetensors", sub, name);
+	} else if (kind == DU_INDEX || kind == DU_LINK_INDEX) {
+		write_index(t, sub, name);
+		snprintf(rel, sizeof(rel), "%s/%s/s.safetensors", t->dir, sub);
+		if (access(rel, F_OK) == 0)
+			return; /* a new version of the index: the shard stays */
+		snprintf(rel, sizeof(rel), "%s/s.safetensors", sub);
+	} else {
+		snprintf(rel, sizeof(rel), "%s/%s", sub, name);
+	}
+	free(du_model(t, rel, floats));
+}
+
+char *
+du_model_kind(struct du *t, const char *sub, enum du_kind kind)
+{
+	char *dir, *path;
+
+	assert_true(asprintf(&dir, "%s/%s", t->dir, sub) > 0);
+	assert_int_equal(mkdir(dir, 0755), 0);
+	model_of_kind(t, sub, kind, kind_named[kind], 1024);
+	if (kind_link[kind] == NULL) {
+		assert_true(asprintf(&path, "%s/%s", dir, kind_named[kind]) > 0);
+	} else {
+		assert_true(asprintf(&path, "%s/%s", dir, kind_link[kind]) > 0);
+		assert_int_equal(symlink(kind_named[kind], path), 0);
+	}
+	free(dir);
+	return path;
+}
+
+void
+du_model_kind_replace(struct du *t, const char *sub, enum du_kind kind)
+{
+	char from[4096], to[4096], old[4200];
+
+	model_of_kind(t, sub, kind, ".new", 2048);
+	snprintf(from, sizeof(from), "%s/%s/.new", t->dir, sub);
+	snprintf(to, sizeof(to), "%s/%s/%s", t->dir, sub, kind_named[kind]);
+	if (kind == DU_DIR || kind == DU_LINK_DIR) {
+		/* rename(2) takes a directory's place only where it is
+		 * empty: the old one goes aside first. */
+		snprintf(old, sizeof(old), "%s.old", to);
+		assert_int_equal(rename(to, old), 0);
+	}
+	assert_int_equal(rename(from, to), 0);
 }
 
 void

@@ -51,6 +51,22 @@ int du_free(void **state);
  * t->dir/name; returns the malloc'd path. */
 char *du_model(struct du *t, const char *name, size_t floats);
 
+/* The kinds of path a model is loaded by (du_model_kind): a safetensors
+ * file, a directory holding one, a shard index naming one shard, and a
+ * symbolic link to each, beside what it names. */
+enum du_kind { DU_FILE, DU_DIR, DU_INDEX, DU_LINK_FILE, DU_LINK_DIR, DU_LINK_INDEX, DU_KINDS };
+
+/* The kind's name, for a failing test's message. */
+const char *du_kind_name(enum du_kind kind);
+
+/* Makes a model of kind in t->dir/sub (made here) and returns the path to
+ * load it by (malloc'd). */
+char *du_model_kind(struct du *t, const char *sub, enum du_kind kind);
+
+/* Renames a new version over what that path names (the file, directory or
+ * index; a link's target): another inode is there after. */
+void du_model_kind_replace(struct du *t, const char *sub, enum du_kind kind);
+
 /* Takes every free descriptor below below into fill (their count in *n),
  * asserting that below itself is free: with the registry's fd_limit 400,
  * a one-file model's load from 333 on then reaches into the 64 descriptors

@@ -48,6 +48,7 @@
 #include "restore.h"
 #include "restore_internal.h"
 #include "testutil.h"
+#include "watch_internal.h"
 #include "workq.h"
 
 /* ---- fault injection ---- */
@@ -604,6 +605,59 @@ test_load_index_reopen_fails(void **state)
 	assert_null(registry_find(&t->reg, "m")->error);
 	free(log);
 	free(path);
+}
+
+/*
+ * A load refused on the loop after a validation that worked (its
+ * generation could not be made: the index memfd's reopen failed), served
+ * where it lies or staged first: the failure notes its path as the load
+ * opened it, whatever the path names (a directory, a shard index, a link),
+ * which the watch armed again compares a stat of the path with
+ * (watch_stat_sig). Before, it noted the stat of the source's first file:
+ * a directory's or an index's never matched it, nor did a staged copy's
+ * file, and the watch took the model for changed and loaded it again.
+ */
+static void
+refused_on_the_loop(enum du_kind kind, int staged)
+{
+	struct du *t = du_new(false);
+	char *path = du_model_kind(t, "srv", kind), *stage_dir = path_join(t->dir, "staged");
+	const struct model_entry *m;
+	struct stat st;
+
+	print_message("model path: %s%s\n", du_kind_name(kind), staged ? ", staged" : "");
+	assert_non_null(stage_dir);
+	if (staged) {
+		/* Served where it lies first (a local file under stage =
+		 * auto): the reload stages it. */
+		assert_int_equal(registry_set_stage_dir(&t->reg, stage_dir), 0);
+		assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+		assert_int_equal(registry_set_storage(&t->reg, "m", FS_WATCH_INOTIFY, 0,
+					 FS_STAGE_YES), 0);
+	}
+	atomic_store(&fail_index_reopen, EMFILE);
+	assert_int_equal(staged ? du_reload(t, "m") : du_load(t, "m", path, PIN_NONE, 0),
+		-EMFILE);
+	atomic_store(&fail_index_reopen, 0);
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(m->load_errors, 1);
+	assert_int_equal(stat(path, &st), 0);
+	assert_true(m->failed_path.known);
+	assert_int_equal(m->failed_path.err, 0);
+	assert_true(watch_stat_sig(0, &m->failed_path.st) == watch_stat_sig(0, &st));
+	free(stage_dir);
+	free(path);
+	du_teardown(t);
+	free(t);
+}
+
+static void
+test_a_load_refused_on_the_loop_notes_its_path(void **state)
+{
+	(void)state;
+	for (int staged = 0; staged < 2; staged++)
+		for (enum du_kind kind = 0; kind < DU_KINDS; kind++)
+			refused_on_the_loop(kind, staged);
 }
 
 static void
@@ -3625,6 +3679,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_index_reopen_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_load_refused_on_the_loop_notes_its_path,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),

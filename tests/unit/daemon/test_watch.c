@@ -790,6 +790,89 @@ test_read_error_polls_instead(void **state)
 	free(next);
 }
 
+/* ---- the watch armed again after a staging that could not start ---- */
+
+static bool
+no_job(struct du *d, void *arg)
+{
+	(void)d;
+	return ((const struct watch *)arg)->jobs == 0;
+}
+
+/*
+ * A model of kind loads and its watches are armed; then its stage key says
+ * yes where no stage_dir is set, and its reload is refused on the loop
+ * ("cannot stage it: no stage_dir") after a validation that worked. With
+ * replaced 1, what its path names is replaced after that failure. The
+ * watch, armed again for the failure (watch_sync), compares the path with
+ * what the failed load noted, and says what it found once its sync job
+ * ended: changed (and the model is loaded again) only where it was
+ * replaced. (A replacement's events also reload it, after the settle
+ * time: only the line tells the sync job's finding.)
+ */
+static void
+rearmed_after_failed_staging(enum du_kind kind, int replaced)
+{
+	struct du *d = du_new(false);
+	char *path = du_model_kind(d, "srv", kind), *log;
+	struct model_entry *m;
+	struct watch *w;
+
+	print_message("model path: %s%s\n", du_kind_name(kind), replaced ? ", replaced" : "");
+	assert_int_equal(du_load(d, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(watch_start(&d->loop, &d->reg, &w), 0);
+	watch_sync(w);
+	du_run_until(d, armed, NULL);
+	m = registry_find(&d->reg, "m");
+	assert_int_equal(registry_set_storage(&d->reg, "m", m->watch, m->poll_interval_ms,
+				 FS_STAGE_YES), 0);
+	assert_int_equal(du_reload(d, "m"), -EINVAL);
+	assert_string_equal(d->message, "cannot stage it: no stage_dir");
+	if (replaced)
+		du_model_kind_replace(d, "srv", kind);
+	du_log_start(d);
+	watch_sync(w);
+	du_run_until(d, no_job, w);
+	log = du_log_stop(d);
+	assert_int_equal(strstr(log, "changed after its last load failed") != NULL, replaced);
+	assert_int_equal(strstr(log, "unchanged since its last load failed") != NULL, !replaced);
+	if (!replaced) {
+		assert_int_equal(w->ndirty, 0);
+		assert_int_equal(m->load_errors, 1);
+	}
+	watch_stop(w);
+	free(log);
+	free(path);
+	du_teardown(d);
+	free(d);
+}
+
+/*
+ * The watch armed again after that failure finds the path as the failed
+ * load noted it, whatever it names: no reload, no line. Before, the load
+ * noted its first file's stat (load_failed's fallback for a load refused
+ * on the loop), never a directory's or a shard index's: the model was
+ * taken for "changed after its last load failed" and loaded again, and
+ * that reload failed with a second line.
+ */
+static void
+test_rearm_after_failed_staging_reloads_nothing(void **state)
+{
+	(void)state;
+	for (enum du_kind kind = 0; kind < DU_KINDS; kind++)
+		rearmed_after_failed_staging(kind, 0);
+}
+
+/* ... and a replacement made after it is seen, before any event of it
+ * is read: it may be what mends the model. */
+static void
+test_rearm_after_failed_staging_sees_a_replacement(void **state)
+{
+	(void)state;
+	for (enum du_kind kind = 0; kind < DU_KINDS; kind++)
+		rearmed_after_failed_staging(kind, 1);
+}
+
 int
 main(void)
 {
@@ -808,6 +891,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_overflow_one_line, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_eintr_is_normal, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_error_polls_instead, setup, teardown),
+		cmocka_unit_test(test_rearm_after_failed_staging_reloads_nothing),
+		cmocka_unit_test(test_rearm_after_failed_staging_sees_a_replacement),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
