@@ -23,6 +23,7 @@ import pytest
 
 from conftest import (TEST_USER, Daemon, binary, mkmodel, parse_user, settled_fd_count,
                       wait_until)
+from ctlutil import model_entry
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 MARKER = ".wcached-copy"  # stage.h STAGE_MARKER: in every copy wcached makes
@@ -689,23 +690,67 @@ def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp
             assert "not served" in line, line
             d.wait_listening()
             assert generation(d) is None
-            # One line for the failed copy. The watch, armed again after
-            # the failure, compares the directory with the stat the failed
-            # staging noted, which is its first file's (load_failed's
-            # source fallback), so it always finds the path "changed" and
-            # reloads it: that reload's own line (s-2 no longer exists),
-            # which came after the count here or not by timing alone,
-            # follows the info line that says so and is not counted.
-            log = d.read_log()
-            head = log.split("changed after its last load failed")[0]
-            assert len([ln for ln in head.splitlines() if ln in problems(d) and
-                        '"m"' in ln]) == 1, problems(d)
-            assert len([p for p in problems(d) if "cannot stage it" in p]) == 1, problems(d)
+            # One line for the failed copy. s-2's removal changed the
+            # directory after the load opened it, which the failed staging
+            # noted (as it must: a shard replaced during the copy is the
+            # change that mends the model). So the watch, armed again
+            # after the failure, finds the directory changed and loads the
+            # model again, where the mount shows the removal by then (its
+            # attributes are cached for 1 s), and that load fails with its
+            # own line: s-2 is not there. The watch's verdict is waited
+            # for, then that line where it reloaded: exactly those lines,
+            # whatever the timing (d9aab65 counted up to the verdict, and
+            # blamed the reload on a wrong stat of the directory).
+            _, verdict = d.wait_for_log(
+                r'model "m": .* (unchanged since|changed after) its last load failed')
+            want = [line]
+            if "changed after" in verdict:
+                want.append(d.wait_for_log(r'model "m": .*/s-2\.safetensors: shard '
+                                           r's-2\.safetensors named by .* does not exist; '
+                                           r'not served')[1])
+            assert [p for p in problems(d) if '"m"' in p] == want, problems(d)
             assert entries(stage_dir) == []
         finally:
             fs.thaw()
             if fd is not None:
                 os.close(fd)
+            assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_a_failed_staging_of_an_unchanged_path_logs_one_line_and_loads_nothing_again(tmp_path,
+                                                                                     kind):
+    """The server's disk fails the second MiB of the model's file
+    (remotefs --bad-range): its staging fails reading it, with one line
+    naming the file, and nothing changes at the model's path, a file or a
+    directory holding it. The watch armed again for the failure finds the
+    path as the failed load noted it (a directory's own stat, for a
+    directory), and so do the polls of its remote path after: nothing is
+    loaded again, and no second line comes."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", bad_range=(MiB, 2 * MiB)) as fs:
+        write_safetensors(fs.backing_path("m.safetensors"), {"a": os.urandom(4 * MiB)})
+        path = fs.path("m.safetensors") if kind == "file" else fs.path()
+        d, stage_dir = stage_daemon(tmp_path, {"m": (path, {"stage": "yes",
+                                                            "poll_interval": "0.2"})})
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'model "m": cannot stage it')
+            assert "m.safetensors failed: EIO" in line and line.endswith("; not served"), line
+            # The watch's verdict (its sync job's end), then three polls of
+            # the path: a change seen by two polls in a row is loaded.
+            d.wait_for_log(r'model "m": .* unchanged since its last load failed')
+            polls = model_entry(d, "m")["polls"]
+            wait_until(lambda: model_entry(d, "m")["polls"] >= polls + 3, timeout=30,
+                       what="3 polls after the failed staging")
+            log = d.read_log()
+            assert "changed after its last load failed" not in log, log
+            assert "(seen by polling)" not in log, log
+            assert [p for p in problems(d) if '"m"' in p] == [line], problems(d)
+            m = model_entry(d, "m")
+            assert (m["load_errors"], m["state"]) == (1, "failed"), m
+            assert entries(stage_dir) == []
+        finally:
             assert d.stop() == 0, d.read_log()
 
 
