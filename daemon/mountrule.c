@@ -9,10 +9,12 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -430,12 +432,56 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
+/* statmount(2) (Linux 6.8; x86_64 and arm64 give it one number) and
+ * statx's unique mount ID, which it takes, where the headers lack them. */
+#if !defined(SYS_statmount) && (defined(__x86_64__) || defined(__aarch64__))
+#define SYS_statmount 457
+#endif
+#ifndef STATX_MNT_ID_UNIQUE
+#define STATX_MNT_ID_UNIQUE 0x4000U
+#endif
+
 /*
- * Whether the mount of the file fd holds is attached: its mount ID
- * (statx AT_STATX_DONT_SYNC of the descriptor: no server asked) in the
- * mount table, w's (read again where the kernel says the mounts changed
- * since) or one read here (w NULL). 0; -ENOENT where no line has it, after
- * one reading again: the mount was detached (umount -l) or is another
+ * Whether the kernel finds the mount of the file fd holds in this mount
+ * namespace: statmount(2) of its unique mount ID (statx
+ * STATX_MNT_ID_UNIQUE, AT_STATX_DONT_SYNC: no server asked), which asks
+ * the namespace's own mounts, not one line of a table read whole (1.6 ms
+ * a call with 1,000 mounts, and a warm restart asks once or twice for each
+ * stored file). 1 where it finds it; 0 where it cannot say so (no
+ * statmount or no unique ID: before Linux 6.8; not found, or refused).
+ */
+static int
+found_by_statmount(int fd)
+{
+#ifdef SYS_statmount
+	/* linux/mount.h's struct mnt_id_req, version 0 */
+	struct {
+		uint32_t size;
+		uint32_t spare;
+		uint64_t mnt_id;
+		uint64_t param;
+	} req = { .size = 24, .param = 1 /* STATMOUNT_SB_BASIC */ };
+	uint64_t out[512];
+	struct statx sx;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID_UNIQUE, &sx) == -1 ||
+		(sx.stx_mask & STATX_MNT_ID_UNIQUE) == 0)
+		return 0;
+	req.mnt_id = sx.stx_mnt_id;
+	return syscall(SYS_statmount, &req, out, sizeof(out), 0) == 0;
+#else
+	(void)fd;
+	return 0;
+#endif
+}
+
+/*
+ * Whether the mount of the file fd holds is attached: found by statmount
+ * (found_by_statmount), or else its mount ID (statx AT_STATX_DONT_SYNC of
+ * the descriptor: no server asked) in the mount table, w's (read again
+ * where the kernel says the mounts changed since) or one read here (w
+ * NULL), which alone refuses. 0; -ENOENT where no line has it, after one
+ * reading again: the mount was detached (umount -l) or is another
  * namespace's, and the kernel names the file from that mount's own root
  * ("/llama/model.safetensors"), a path here that is not the file (review
  * rev215 L1); or -errno where the descriptor or the table cannot tell.
@@ -452,6 +498,8 @@ fd_attached(struct mountrule_walk *w, int fd)
 	struct statx sx;
 	int r;
 
+	if (found_by_statmount(fd))
+		return 0;
 	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == -1)
 		return -errno;
 	if ((sx.stx_mask & STATX_MNT_ID) == 0)

@@ -110,7 +110,8 @@ int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, 
  * realpath(3) of the path after its walk looked it up again, name by
  * name, where a neighbour may have renamed a link to his FUSE mount in
  * since, and a thread waited on his server for good), taken only where
- * the descriptor's mount is attached: its mount ID (statx STATX_MNT_ID,
+ * the descriptor's mount is attached: statmount(2) finds it in this
+ * namespace (Linux 6.8), or else its mount ID (statx STATX_MNT_ID,
  * AT_STATX_DONT_SYNC) is in the mount table (w's; NULL: one read for the
  * call). A malloc'd string; or NULL with errno: the walk's error (EXDEV
  * with why set, as mountrule_open sets it), ENAMETOOLONG where the name

@@ -35,6 +35,32 @@
 
 static char dir[] = "/tmp/test_mountrule.XXXXXX";
 
+/* syscall() while no_statmount is set fails (ENOSYS), as a kernel before
+ * statmount(2) (Linux 6.8) does: mountrule's check that a descriptor's
+ * mount is attached then reads the mount table (its only syscall() there
+ * is statmount's); syscalls counts the calls. */
+long __real_syscall(long n, ...);
+long __wrap_syscall(long n, ...);
+static int no_statmount, syscalls;
+
+long
+__wrap_syscall(long n, ...)
+{
+	long a[5];
+	va_list ap;
+
+	syscalls++;
+	if (no_statmount) {
+		errno = ENOSYS;
+		return -1;
+	}
+	va_start(ap, n);
+	for (int i = 0; i < 5; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	return __real_syscall(n, a[0], a[1], a[2], a[3], a[4]);
+}
+
 static void
 at(char *buf, size_t len, const char *rel)
 {
@@ -693,7 +719,9 @@ test_realpath(void **state)
  * path of this root that is not the file; mountrule_fd_realpath and
  * mountrule_fd_name give none, ENOENT, alone and in a run whose table was
  * read while the mount was there (review rev215 L1: that name was taken
- * for its real path). As root, in a mount namespace of the test's own.
+ * for its real path); by statmount(2) and by the mount table alone (a
+ * kernel without statmount). As root, in a mount namespace of the test's
+ * own.
  */
 static void
 test_realpath_detached(void **state)
@@ -731,6 +759,12 @@ test_realpath_detached(void **state)
 	assert_non_null(r = mountrule_fd_realpath(&w, in_run, p, why, sizeof(why)));
 	assert_string_equal(r, p);
 	free(r);
+	/* Told by the mount table alone (no statmount), too. */
+	no_statmount = 1;
+	assert_non_null(r = mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
+	assert_string_equal(r, p);
+	free(r);
+	no_statmount = 0;
 	assert_int_equal(umount2(vol, MNT_DETACH), 0);
 	/* What the kernel says of it now: a "/..." name that is not it. */
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -744,8 +778,16 @@ test_realpath_detached(void **state)
 	assert_int_equal(errno, ENOENT);
 	assert_non_null(strstr(why, "on a mount gone from /proc/self/mountinfo (detached"));
 	errno = 0;
+	syscalls = 0;
 	assert_null(mountrule_fd_realpath(&w, in_run, p, why, sizeof(why)));
 	assert_int_equal(errno, ENOENT);
+	print_message("statmount asked %d time(s) (0 where statx gives no unique mount ID)\n",
+		syscalls);
+	no_statmount = 1;
+	errno = 0;
+	assert_null(mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	no_statmount = 0;
 	errno = 0;
 	assert_null(mountrule_fd_name(&w, in_run, p, &removed, why, sizeof(why)));
 	assert_int_equal(errno, ENOENT);
