@@ -310,7 +310,10 @@ path_under(const char *path, const char *root)
  * there and now names a directory beside it is no swap (review rev191
  * F1); a link to a file must stay in its directory (the opener's rule), so
  * a file's sibling tree is reached only by a directory's swap above it
- * (llama/model.safetensors, llama -> v2).
+ * (llama/model.safetensors, llama -> v2). The owner is the tree's, not the
+ * swap's maker's: a link followed because its maker owns the files serving
+ * (not the tree) moves the model only to files of hers (makers_move,
+ * review rev216 H1).
  */
 static int
 sibling_swap(const struct load_request *q)
@@ -764,13 +767,51 @@ kept_link(const struct load_request *q, const struct registry_link_seen *l)
 }
 
 /*
+ * link_taken's judge of a link l followed for its maker's files alone: she
+ * owns files serving, but not the tree kept, and is not root. Where q's
+ * tree is another than the one kept (a sibling swap), every file of q (its
+ * shard index too) must be hers: the tree's owner did not choose the move,
+ * and a sibling of that owner with that owner's files passed every check
+ * (sibling_swap, same_owners), so her link to root's private model beside
+ * root's slot (or team place) holding her files was served as hers (review
+ * rev216 H1); her own files in another slot of root's are her swap. 0, or
+ * -EXDEV with q->message.
+ */
+static int
+makers_move(struct load_request *q, const struct registry_link_seen *l)
+{
+	const struct stat *st;
+	const char *name;
+
+	if (q->root != NULL && q->keep_root != NULL && strcmp(q->root, q->keep_root) == 0)
+		return 0;
+	for (size_t i = 0; file_of(q, i, &st, &name); i++) {
+		if (st->st_uid == l->st->st_uid)
+			continue;
+		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s (was "
+			"%s) through the symbolic link %s (to %.256s) made by uid %u, who owns "
+			"files serving but not the model's tree (uid %u), and its file %s is owned "
+			"by uid %u: such a link moves the model by itself only to files of its "
+			"maker, so it is served only after " OPERATORS_WORD, q->path,
+			q->root != NULL ? q->root : "another place",
+			q->keep_root != NULL ? q->keep_root : "no tree kept", l->path, l->target,
+			(unsigned)l->st->st_uid, (unsigned)q->keep_uid, name,
+			(unsigned)st->st_uid, q->name);
+		q->links_known = -1; /* refused: the walk ends here */
+		return -EXDEV;
+	}
+	return 0;
+}
+
+/*
  * registry_walk_links' judge for q's load: any link, for an operator's
  * load or reload (which follows what its path names, and records it); for
  * a watched reload, a link its newest generation was loaded through,
  * unchanged (kept_link: a deployer's `llama -> v2` in root's team
  * directory, made once by a member of the team, holds up no update inside
  * v2, review rev195 L1), or one made by root, the kept tree's owner or an
- * owner of the files serving. Else -EXDEV with q->message. Owning the
+ * owner of the files serving (to another tree only with files of hers:
+ * makers_move). Else -EXDEV with q->message. Owning the
  * directory that holds a link is no right of its own: whoever may put a
  * directory of hers on the path (a name freed in a team directory, or her
  * own directory holding her `llama -> ../srv/v1`) would approve her own
@@ -817,9 +858,10 @@ link_taken(const struct registry_link_seen *l, void *arg)
 		q->links_known = -1; /* refused: the walk ends here */
 		return -EXDEV;
 	}
-	if (q->reload != RELOAD_WATCHED || kept_link(q, l) || uid == 0 || uid == q->keep_uid ||
-		kept_owner(q, uid) || (q->keep_file_known && uid == q->keep_file_uid))
+	if (q->reload != RELOAD_WATCHED || kept_link(q, l) || uid == 0 || uid == q->keep_uid)
 		return 0;
+	if (kept_owner(q, uid) || (q->keep_file_known && uid == q->keep_file_uid))
+		return makers_move(q, l);
 	snprintf(q->message, sizeof(q->message), "its path %s leads through the symbolic link "
 		"%s (to %.256s) made by uid %u, in %s owned by uid %u: a link of a user who "
 		"owns neither the model's tree (uid %u) nor its files serving (owning the "

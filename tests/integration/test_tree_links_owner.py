@@ -1,14 +1,20 @@
 """Review rev198: a link's maker who owns the directory holding it (H1),
 and a tree root renamed over in a group-writable place (M1), against the
 real unprivileged wcached (as test_tree_links.py). Each served root's
-private model as "llama" before the fix (89d0897)."""
+private model as "llama" before the fix (89d0897). Review rev216 H1: a
+link followed because its maker owns files serving (not the tree: root's)
+renamed to root's private model beside the tree."""
+import contextlib
 import os
 import subprocess
 
+import pytest
+
 from conftest import Daemon, mkmodel
 from test_tree_links import secret_not_served
-from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, WCACHED_GID, as_alice, as_bob,
-                              made_by, pytestmark, roots_private_model)
+from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice,
+                              as_bob, made_by, pytestmark, roots_private_model, served,
+                              sharded_model)
 
 __all__ = ["pytestmark"]
 
@@ -93,3 +99,143 @@ def test_a_deployers_link_in_her_own_directory_to_roots_private_model_waits(tmp_
         assert "wcachectl reload llama" in line, line
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def her_file(path, seed=1):
+    """A model file at path, alice's."""
+    f = mkmodel(path, seed=seed)
+    os.chown(f, ALICE_UID, GROUP)
+    return f
+
+
+def roots_slot_with_her_file(place, name, seed=1):
+    """A model directory root made (1775) in place for alice to drop her
+    model in, her model file in it."""
+    slot = made_by(os.path.join(place, name), 0, 0o1775)
+    her_file(os.path.join(slot, "model.safetensors"), seed)
+    return slot
+
+
+def roots_place_with_her_slot(tmp_path):
+    """root's team place shared (1775) holding llama, a slot of root's with
+    her file in it, and her link current -> llama: the place."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    roots_slot_with_her_file(shared, "llama")
+    as_alice("ln -s llama current", shared)
+    return shared
+
+
+@contextlib.contextmanager
+def her_swap(tmp_path, path, target):
+    """wcached serving "llama" at path, her link, until its generation 1 is
+    warm; then her swap of that link to target: the daemon (stopped after
+    the block)."""
+    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice("ln -s %s .n && mv -T .n %s" % (target, os.path.basename(path)),
+                 os.path.dirname(path))
+        yield d
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def roots_tree_reached_by_her_link(tmp_path, layout):
+    """A model whose tree is root's, its files (or one of them) alice's,
+    its path through her link; root's private sharded model beside the
+    tree (review rev216 H1): (path, root's model beside the tree as her
+    link would spell it, root's model). slot-in-team: root's team place
+    shared (1775) holds llama, a slot root made for her file, her link
+    current -> llama, and root's secret. team-place-as-dir: the model directory is root's team
+    place team2 itself (her file straight in it), reached by her link
+    aplace/cur in her own directory; root's priv beside team2.
+    her-file-in-roots-v1: rev198 H1 (b)'s layout (her link deploy/llama ->
+    ../shared/v1), v1's file hers. her-index-over-roots-shards: v1 is
+    root's sharded model with her index over root's shard (the tree's owner
+    owns files serving too)."""
+    if layout == "team-place-as-dir":
+        team2 = made_by(tmp_path / "team2", 0, 0o1775)
+        her_file(os.path.join(team2, "model.safetensors"))
+        secret = roots_private_model(tmp_path / "priv", sharded=True)
+        aplace = made_by(tmp_path / "aplace", ALICE_UID)
+        as_alice("ln -s ../team2 cur", aplace)
+        return os.path.join(aplace, "cur"), "../priv", secret
+    if layout == "slot-in-team":
+        shared = roots_place_with_her_slot(tmp_path)
+        secret = roots_private_model(os.path.join(shared, "secret"), sharded=True)
+        return os.path.join(shared, "current"), "secret", secret
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    secret = roots_private_model(os.path.join(shared, "secret"), sharded=True)
+    v1 = made_by(os.path.join(shared, "v1"), 0)
+    if layout == "her-file-in-roots-v1":
+        her_file(os.path.join(v1, "model.safetensors"))
+    else:
+        sharded_model(v1, mkmodel(os.path.join(v1, "m.safetensors"), seed=1))
+        os.chown(os.path.join(v1, "model.safetensors.index.json"), ALICE_UID, GROUP)
+    deploy = made_by(tmp_path / "deploy", ALICE_UID, 0o755)
+    as_alice("ln -s ../shared/v1 llama", deploy)
+    return os.path.join(deploy, "llama"), "../shared/secret", secret
+
+
+@pytest.mark.parametrize("layout", ["slot-in-team", "team-place-as-dir", "her-file-in-roots-v1",
+                                    "her-index-over-roots-shards"])
+def test_her_link_from_roots_tree_to_roots_private_sibling_waits(tmp_path, layout):
+    """rev216 H1. A tree that is root's, files serving alice's (all, or
+    her index over root's shard), the path through her link, which is
+    followed for her files: she renames it to root's private model beside
+    the tree (`ln -s secret .n && mv -T .n current`). A sibling of the
+    same owner (root) with files of the tree's owner was her swap, and
+    root's private model (which she cannot read) was served as her
+    generation 2 (275,384 bytes, the first three layouts; the fourth
+    passed a sketch that asked only where the tree's owner owns none of
+    the files serving). Her link moves the model only to files of hers."""
+    path, target, secret = roots_tree_reached_by_her_link(tmp_path, layout)
+    with her_swap(tmp_path, path, target) as d:
+        line = secret_not_served(d, secret, "through alice's link (%s)" % layout,
+                                 r"its path|.*symbolic link|generation 2 from")
+        assert "now resolves into %s (was " % secret in line, line
+        assert "made by uid %d, who owns files serving but not the model's tree (uid 0)" \
+            % ALICE_UID in line, line
+        assert "is owned by uid 0: such a link moves the model by itself only to files of " \
+            "its maker" in line, line
+        assert "wcachectl reload llama" in line and "generation 1 still serving" in line, line
+
+
+def test_her_swap_between_roots_slots_with_her_files_loads(tmp_path):
+    """The control of rev216 H1's fix: root's team place (1775) holds two
+    slots of root's, llama and llama2, each with alice's model file; her
+    link current -> llama. Her swap to llama2 (README's `ln -s v2 .next &&
+    mv -T .next llama`) is taken by itself: her files, in a sibling of the
+    same owner."""
+    shared = roots_place_with_her_slot(tmp_path)
+    llama2 = roots_slot_with_her_file(shared, "llama2", seed=3)
+    roots_private_model(os.path.join(shared, "secret"), sharded=True)
+    with her_swap(tmp_path, os.path.join(shared, "current"), "llama2") as d:
+        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 is '
+                                 r'current)')
+        assert "generation 2 is current" in line, d.read_log()
+        assert "generation 2" in served(d, "llama")
+        assert os.path.realpath(os.path.join(shared, "current")) == llama2
+
+
+@pytest.mark.parametrize("beside", ["bobs-directory", "roots-slot-with-bobs-file"])
+def test_her_link_from_roots_tree_to_another_users_model_beside_waits(tmp_path, beside):
+    """rev216 H1's other targets: from root's slot llama (her file), her
+    link renamed to bob's model beside it, in a directory of bob's (another
+    owner than the tree's: no sibling of it) or in a slot root made for bob
+    (the tree's owner, bob's file, readable: no file of the owner of the
+    file it replaces): neither is hers, both wait (before rev216 H1's fix
+    too)."""
+    shared = roots_place_with_her_slot(tmp_path)
+    bobs = made_by(os.path.join(shared, "bobs"), BOB_UID if beside == "bobs-directory" else 0)
+    f = mkmodel(os.path.join(bobs, "model.safetensors"), layers=3, seed=2)
+    os.chown(f, BOB_UID, GROUP)
+    with her_swap(tmp_path, os.path.join(shared, "current"), "bobs") as d:
+        line = secret_not_served(d, bobs, "through alice's link (%s)" % beside,
+                                 r"its path|.*symbolic link|generation 2 from")
+        assert "wcachectl reload llama" in line and "generation 1 still serving" in line, line
+        if beside == "bobs-directory":
+            assert "now resolves into %s (was " % bobs in line, line
+        else:
+            assert "names a file now owned by uid %d (was uid %d)" % (BOB_UID, ALICE_UID) \
+                in line, line
