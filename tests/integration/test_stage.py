@@ -728,7 +728,13 @@ def test_a_failed_staging_of_an_unchanged_path_logs_one_line_and_loads_nothing_a
     directory), and so do the polls of its remote path after: nothing is
     loaded again, and no second line comes."""
     rfs = remotefs()
-    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", bad_range=(MiB, 2 * MiB)) as fs:
+    # attr_timeout 0: the kernel caches no attribute of the mount's root,
+    # which the test's file, written beside the mount, changes: a cached
+    # one (stat'ed at the mount, before the file) noted by the load and
+    # the fresh one polled after a second differ, and the model is loaded
+    # again, rightly (ci66: "changed (seen by polling)").
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", bad_range=(MiB, 2 * MiB),
+                      attr_timeout=0) as fs:
         write_safetensors(fs.backing_path("m.safetensors"), {"a": os.urandom(4 * MiB)})
         path = fs.path("m.safetensors") if kind == "file" else fs.path()
         d, stage_dir = stage_daemon(tmp_path, {"m": (path, {"stage": "yes",

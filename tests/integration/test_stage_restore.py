@@ -105,8 +105,10 @@ def walk(desc):
     in version 7, "builder_gid", "groups" (the offset of each of its
     builder's groups) and "builder" ((offset, length) of its builder's gid,
     group count and groups, which version 7 added)}], [(offset, length) of
-    each model's wait line and tree, which versions 8 and 9 added])."""
-    found, holders, artifacts, tails, p = [], [], [], [], 0
+    each model's wait line and tree, which versions 8 and 9 added, version
+    10 the tree's path named and kept files], [offset of each generation's
+    path named byte, which version 10 added])."""
+    found, holders, artifacts, tails, named, p = [], [], [], [], [], 0
 
     def take(n):
         nonlocal p
@@ -123,7 +125,7 @@ def walk(desc):
 
     assert take(8) == b"WCFDSTOR"
     version = num(4)
-    assert version in (6, 7, 8, 9), version
+    assert version in (6, 7, 8, 9, 10), version
     models = num(4)
     take(8)
     for _ in range(models):
@@ -134,6 +136,9 @@ def walk(desc):
             at = p
             take(8 * num(4))
             holders.append((at, p - at))
+            if version >= 10:
+                named.append(p)
+                take(1)                     # what its path named
             string(), take(8)
             for k in range(num(4)):
                 string(), take(32)
@@ -163,9 +168,11 @@ def walk(desc):
             p -= 2
             string(), take(4 + 1 + 8 + 8)   # owner, inode known, dev, ino
             take(num(2)), take(8)           # its place, mode, directory length
+            if version >= 10:               # what its path named, kept files
+                take(1), take(20 * num(4))
         tails.append((at, p - at))
     assert p == len(desc)
-    return found, holders, artifacts, tails
+    return found, holders, artifacts, tails, named
 
 
 def file_records(desc):
@@ -174,15 +181,15 @@ def file_records(desc):
 
 
 def older_version(desc, version):
-    """The version 9 (8, 7) description as a version 6 wcached wrote it
+    """The version 10 (9, 8, 7) description as a version 6 wcached wrote it
     (without its models' trees and wait lines, nor its artifacts' builders'
-    groups), a version 4 one (without the holders' uids, each file's ctimes
+    groups, nor what its generations' paths named), a version 4 one (without the holders' uids, each file's ctimes
     and nlink either) or a version 3 one (without its files' origin
     either)."""
     assert version in (3, 4, 6), version
-    files, holders, artifacts, tails = walk(desc)
+    files, holders, artifacts, tails, named = walk(desc)
     cuts = [(at, at + n) for at, n in (a["builder"] for a in artifacts)] + \
-        [(at, at + n) for at, n in tails]
+        [(at, at + n) for at, n in tails] + [(at, at + 1) for at in named]
     if version <= 4:
         cuts += [(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] + \
             [(at, at + n) for at, n in holders]
