@@ -448,7 +448,10 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
  * the namespace's own mounts, not one line of a table read whole (1.6 ms
  * a call with 1,000 mounts, and a warm restart asks once or twice for each
  * stored file). 1 where it finds it; 0 where it cannot say so (no
- * statmount or no unique ID: before Linux 6.8; not found, or refused).
+ * statmount or no unique ID: before Linux 6.8; not found, or refused: EPERM
+ * from a seccomp filter that does not know it, as systemd 252's
+ * @system-service, which wcached.service allows, does not; then the mount
+ * table answers, and tests/system's syscall check counts it a probe).
  */
 static int
 found_by_statmount(int fd)

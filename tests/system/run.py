@@ -190,7 +190,8 @@ def check_syscalls(c, log_paths, passed, failed):
             raise Failure(f"the strace of PID1 shows no wcached process ({', '.join(log_paths)})")
         bad = syscalls.refused(calls, allow, names)
         probes = {n: bad.pop(n) for n in list(bad)
-                  if n.startswith("syscall_") and int(n[8:]) in syscalls.PROBES}
+                  if n in syscalls.PROBES.values() or
+                  (n.startswith("syscall_") and int(n[8:]) in syscalls.PROBES)}
         if bad:
             raise Failure("the unit's filter refuses calls wcached makes: " + ", ".join(
                 f"{n} ({k}x)" for n, k in sorted(bad.items())))
@@ -200,7 +201,8 @@ def check_syscalls(c, log_paths, passed, failed):
         return
     passed.append(name)
     note = (", refused as expected: " + ", ".join(
-        f"{syscalls.PROBES[int(n[8:])]} ({k}x)" for n, k in probes.items()) if probes else "")
+        f"{n if n in syscalls.PROBES.values() else syscalls.PROBES[int(n[8:])]} ({k}x)"
+        for n, k in probes.items()) if probes else "")
     print(f"ok   {name} ({len(calls)} distinct calls, all permitted{note})", flush=True)
 
 

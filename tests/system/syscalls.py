@@ -16,8 +16,10 @@ from container import wait_for
 
 WCACHED = "/usr/sbin/wcached"
 # Calls the daemon is known to try and to live without when refused,
-# by number (strace may not know their names either).
-PROBES = {451: "cachestat"}
+# by number (strace may not know their names either): cachestat (Linux
+# 6.5) and statmount (6.8; mountrule.c asks it once where it is refused,
+# then reads the mount table).
+PROBES = {451: "cachestat", 457: "statmount"}
 
 _LINE = re.compile(r"^(\d+) +(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # A result; a PID in the result (of clone) is the container's, and
