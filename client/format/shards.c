@@ -25,12 +25,14 @@
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "base/json.h"
@@ -742,18 +744,17 @@ list_names(char *dst, size_t cap, const struct names *n)
 
 const struct shards_name_rule *shards_name_rule;
 
-int
-shards_find_model(const char *dir, char **path, bool *is_index)
+/* shards_find_model's listing of the directory open as d (closed here),
+ * named dir. */
+static int
+find_model_in(DIR *d, const char *dir, char **path, bool *is_index)
 {
 	struct names idx = { 0 }, st = { 0 };
 	char *found, list[600], why[160], skipped[512] = "";
 	struct dirent *e;
 	void *run = NULL;
-	DIR *d;
 	int rc;
 
-	if ((d = opendir(dir)) == NULL)
-		return error_set(-errno, "%s: %s", dir, strerror(errno));
 	errno = 0;
 	while ((e = readdir(d)) != NULL) {
 		if ((file_has_suffix(e->d_name, INDEX_SUFFIX) ||
@@ -811,4 +812,31 @@ out:
 	names_free(&idx);
 	names_free(&st);
 	return rc;
+}
+
+int
+shards_find_model(const char *dir, char **path, bool *is_index)
+{
+	DIR *d;
+
+	if ((d = opendir(dir)) == NULL)
+		return error_set(-errno, "%s: %s", dir, strerror(errno));
+	return find_model_in(d, dir, path, is_index);
+}
+
+int
+shards_find_model_at(int dfd, const char *dir, char **path, bool *is_index)
+{
+	int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
+
+	if (fd == -1)
+		return error_set(-errno, "%s: %s", dir, strerror(errno));
+	if ((d = fdopendir(fd)) == NULL) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "%s: %s", dir, strerror(e));
+	}
+	return find_model_in(d, dir, path, is_index);
 }

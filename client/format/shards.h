@@ -53,6 +53,11 @@ int shards_open(const char *index_path, struct model_source *out);
  * shards_name_rule only the names it takes count.
  */
 int shards_find_model(const char *dir, char **path, bool *is_index);
+/* The same in the directory open as dfd (an O_PATH descriptor will do; not
+ * closed), named dir (for messages and *path): listed from the descriptor,
+ * its path never looked up (wcached's staging lists the directory its
+ * judged walk reached). */
+int shards_find_model_at(int dfd, const char *dir, char **path, bool *is_index);
 
 /*
  * wcached's say on a model file's name that shards_find_model finds in a
