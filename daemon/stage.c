@@ -26,13 +26,13 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,8 +41,10 @@
 #include "base/file.h"
 #include "base/path.h"
 #include "format/shards.h"
+#include "format/tree.h"
 #include "fstype.h"
 #include "log.h"
+#include "mountrule.h"
 #include "stage.h"
 #include "stage_internal.h"
 
@@ -125,22 +127,21 @@ io_error(int err, const char *what, const char *path)
 	return io_error_more(err, what, path, "");
 }
 
-/* io_error() for the source path (open as fd, or -1): where it lies on a
- * network filesystem, an EIO or ESTALE is most often another host's doing
- * (the file replaced or removed there, or its server failing), and the
- * message says so; on a local one it is this host's disk, and it does not. */
+/* io_error() for the source path (open as fd, or its directory's O_PATH
+ * descriptor, or -1): where it lies on a network filesystem, an EIO or
+ * ESTALE is most often another host's doing (the file replaced or removed
+ * there, or its server failing), and the message says so; on a local one
+ * it is this host's disk, and it does not. Told from fd only: a statfs(2)
+ * of the path would look it up by name again, into whatever a neighbour
+ * renamed or mounted there since (README, "Models in directories others
+ * may write in"). */
 static int
 source_error(int err, const char *what, const char *path, int fd)
 {
 	struct fs_info fs = { .remote = false };
-	struct statfs sfs;
 
-	if (err == -EIO || err == -ESTALE) {
-		if (fd >= 0)
-			(void)fstype_of_fd(fd, &fs);
-		else if (statfs(path, &sfs) == 0)
-			fstype_classify((unsigned long)sfs.f_type, &fs);
-	}
+	if ((err == -EIO || err == -ESTALE) && fd >= 0)
+		(void)fstype_of_fd(fd, &fs);
 	return io_error_more(err, what, path, fs.remote ? ": the file may have been replaced "
 		"or removed on another host, or its server failed" : "");
 }
@@ -227,7 +228,7 @@ check_cancelled(const struct stage_request *req)
 	return 0;
 }
 
-static int check_unchanged(const struct stage_file *f, bool during);
+static int check_all_unchanged(const struct stage_file *fs, size_t n, bool during);
 
 /*
  * Between two requests of the copy: when STAGE_CHECK_INTERVAL has passed
@@ -246,8 +247,7 @@ check_sources_now_and_then(const struct stage_request *req, struct copy_run *run
 	if (now < run->next_check)
 		return 0;
 	run->next_check = now + STAGE_CHECK_INTERVAL;
-	for (size_t i = 0; i < run->n && err == 0; i++)
-		err = check_unchanged(&run->fs[i], true);
+	err = check_all_unchanged(run->fs, run->n, true);
 	if (err < 0 && (cancelled = check_cancelled(req)) < 0)
 		return cancelled;
 	return err;
@@ -341,20 +341,45 @@ same_mtime(const struct stat *a, const struct stat *b)
 	return a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
+/* Is err (an errno) of a look at a source's path no answer about it: the
+ * server's or this host's trouble (EIO or ETIMEDOUT from a soft NFS mount,
+ * a FUSE server's hiccup, EINTR, no memory or descriptors for the walk),
+ * not what the path names now? */
+static bool
+no_answer(int err)
+{
+	switch (err) {
+	case EIO: case ETIMEDOUT: case EINTR: case EAGAIN: case ENOTCONN: case ESTALE:
+	case ECONNABORTED: case ECONNRESET: case EHOSTDOWN: case EHOSTUNREACH:
+	case ENETUNREACH: case ENOMEM: case EMFILE: case ENFILE:
+		return true;
+	default:
+		return false;
+	}
+}
+
 /*
  * Is f's source still the file it was when it was opened: the same size,
  * mtime and ctime (file_ctime_moved, base/file.h), and still the inode its
  * path names? 0, or -ESTALE saying how not.
- * Only ENOENT or ENOTDIR says the path is gone: a stat failing otherwise
- * (EIO or ETIMEDOUT from a soft NFS mount, a FUSE server's hiccup, EINTR)
- * is no answer. During the copy (about once a second, so that one flaky
- * answer in a long copy is nearly certain) no answer lets the copy go on;
- * the check after the copy, which vouches for it, fails on it, naming the
- * error.
+ * The path is looked at by mountrule's judged walk (mountrule_stat, in the
+ * run w), never stat(2) by name: a neighbour who renames his link to his
+ * FUSE mount over it, or mounts on its directory, would hold this thread
+ * on a server that never answers, and a stop with it. Where the walk
+ * refuses (EXDEV: the path leads into a user's FUSE mount now) the source
+ * was replaced, and the message says the walk's why. Only that, ENOENT or
+ * ENOTDIR says what the path names now without an error of its own; a look
+ * failing with no answer (no_answer: EIO or ETIMEDOUT from a soft NFS
+ * mount, a FUSE server's hiccup, EINTR) says nothing. During the copy
+ * (about once a second, so that one flaky answer in a long copy is nearly
+ * certain) no answer lets the copy go on; any other failure (a link loop,
+ * EACCES: the path no longer reaches the file) fails it, and the check
+ * after the copy, which vouches for it, fails on any, naming the error.
  */
 static int
-check_unchanged(const struct stage_file *f, bool during)
+check_unchanged(struct mountrule_walk *w, const struct stage_file *f, bool during)
 {
+	char why[MOUNTRULE_WHY];
 	struct stat now;
 	int e;
 
@@ -374,17 +399,37 @@ check_unchanged(const struct stage_file *f, bool during)
 			"ctime moved: written in place, its mtime put back); replace model files "
 			"with rename(2), never in place", f->src);
 	}
-	if (stat(f->src, &now) == -1) {
+	why[0] = '\0';
+	if (mountrule_stat(w, f->src, &now, why, sizeof(why)) == -1) {
 		e = errno;
+		if (e == EXDEV)
+			return error_set(-ESTALE, "cannot stage it: %s was replaced during the "
+				"copy: %s", f->src, why[0] != '\0' ? why : strerror(e));
 		if (e == ENOENT || e == ENOTDIR)
 			return error_set(-ESTALE, "cannot stage it: %s was removed during the copy",
 				f->src);
-		return during ? 0 : source_error(-e, "checking", f->src, f->in);
+		return during && no_answer(e) ? 0 : source_error(-e, "checking", f->src, f->in);
 	}
 	if (now.st_dev != f->st.st_dev || now.st_ino != f->st.st_ino)
 		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; "
 			"the new file is staged by the next load", f->src);
 	return 0;
+}
+
+/* check_unchanged() of each of the n files fs, in one run of walks (the
+ * mount table read once, a directory's files walked to once): 0, or the
+ * first failure. */
+static int
+check_all_unchanged(const struct stage_file *fs, size_t n, bool during)
+{
+	struct mountrule_walk w;
+	int err = 0;
+
+	mountrule_walk_init(&w);
+	for (size_t i = 0; i < n && err == 0; i++)
+		err = check_unchanged(&w, &fs[i], during);
+	mountrule_walk_end(&w);
+	return err;
 }
 
 /* Copies f into the directory dfd as f->name, keeping its mtime; adds the
@@ -420,36 +465,86 @@ copy_file(const struct stage_request *req, struct copy_run *run, const struct st
 	return err;
 }
 
-/* The shard index of a sharded model, if it has one: 1 and *path
- * (malloc'd), 0 (none), or -errno; *is_dir: model_path is a directory
- * (the one stat of it a staging makes). */
+/*
+ * The shard index of a sharded model, if it has one: 1, *path (malloc'd)
+ * and *fd, an O_PATH descriptor of it (the caller's); 0 (none); or -errno
+ * with the message. *is_dir: model_path is a directory (the one look at it
+ * a staging makes). model_path is walked by mountrule's judged walk, in
+ * the run w (a user's FUSE mount met on the way refused, EXDEV, with the
+ * walk's why), never looked up by name: a neighbour who renamed his link to
+ * his FUSE mount onto it, or mounted on its directory, since the load
+ * opened it, would hold this thread on a server that never answers. A
+ * directory is listed from the walk's descriptor (shards_find_model_at),
+ * and its index reached from it: the name itself (openat, no link
+ * followed), or, where it is a link (a hub snapshot's), the judged walk of
+ * its path.
+ */
 static int
-shard_index_of(const char *model_path, char **path, bool *is_dir)
+shard_index_of(struct mountrule_walk *w, const char *model_path, char **path, int *fd,
+	bool *is_dir)
 {
+	char why[MOUNTRULE_WHY] = "";
 	struct stat st;
 	bool is_index = false;
 	char *p = NULL;
-	int err;
+	int dfd, ifd, err;
 
-	if (stat(model_path, &st) == -1)
-		return source_error(-errno, "looking up", model_path, -1);
-	*is_dir = S_ISDIR(st.st_mode);
-	if (!S_ISDIR(st.st_mode)) {
-		if (!file_has_suffix(model_path, ".json"))
-			return 0;
-		if ((*path = strdup(model_path)) == NULL)
-			return error_set(-ENOMEM, "out of memory");
-		return 1;
+	if ((dfd = mountrule_open(w, model_path, why, sizeof(why))) < 0) {
+		if (dfd == -EXDEV)
+			return error_set(-EXDEV, "cannot stage it: %s", why[0] != '\0' ? why :
+				strerror(EXDEV));
+		return source_error(dfd, "looking up", model_path, -1);
 	}
-	if ((err = shards_find_model(model_path, &p, &is_index)) < 0) {
-		error_prefix("cannot stage it");
+	if (fstat(dfd, &st) == -1) {
+		err = source_error(-errno, "looking up", model_path, dfd);
+		close(dfd);
 		return err;
 	}
-	if (!is_index) {
+	*is_dir = S_ISDIR(st.st_mode);
+	if (!S_ISDIR(st.st_mode)) {
+		if (!file_has_suffix(model_path, ".json")) {
+			close(dfd);
+			return 0;
+		}
+		if ((*path = strdup(model_path)) == NULL) {
+			close(dfd);
+			return error_set(-ENOMEM, "out of memory");
+		}
+		*fd = dfd;
+		return 1;
+	}
+	if ((err = shards_find_model_at(dfd, model_path, &p, &is_index)) < 0 || !is_index) {
+		if (err < 0)
+			error_prefix("cannot stage it");
+		close(dfd);
 		free(p);
-		return 0;
+		return err;
+	}
+	/* The name in the directory walked to, no link followed, no mount
+	 * crossed (neither asks a server); a link (a hub snapshot's index),
+	 * a mount on the name, or a kernel with no openat2: the judged walk
+	 * of its path. */
+	ifd = tree_openat2(dfd, file_basename(p), O_PATH | O_CLOEXEC, RESOLVE_BENEATH |
+		RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS);
+	if (ifd == -1 && (errno == ELOOP || errno == EXDEV || errno == ENOSYS ||
+				 errno == EPERM))
+		ifd = mountrule_open(w, p, why, sizeof(why));
+	else if (ifd == -1)
+		ifd = -errno;
+	if (ifd == -EXDEV)
+		err = error_set(-EXDEV, "cannot stage it: %s", why[0] != '\0' ? why :
+			strerror(EXDEV));
+	else if (ifd < 0)
+		err = source_error(ifd, "opening", p, dfd);
+	close(dfd);
+	if (err < 0) {
+		if (ifd >= 0)
+			close(ifd);
+		free(p);
+		return err;
 	}
 	*path = p;
+	*fd = ifd;
 	return 1;
 }
 
@@ -531,8 +626,9 @@ static int
 plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, bool *is_dir)
 {
 	struct stage_file *fs = calloc(req->nfiles + 1, sizeof(*fs));
+	struct mountrule_walk w;
 	char *index = NULL;
-	int err;
+	int err, ifd = -1;
 
 	if (fs == NULL)
 		return error_set(-ENOMEM, "out of memory");
@@ -543,7 +639,10 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, 
 		fs[i].name = file_basename(req->files[i].path);
 	}
 	*n = req->nfiles;
-	if ((err = shard_index_of(req->model_path, &index, is_dir)) < 0) {
+	mountrule_walk_init(&w);
+	err = shard_index_of(&w, req->model_path, &index, &ifd, is_dir);
+	mountrule_walk_end(&w);
+	if (err < 0) {
 		free(fs);
 		return err;
 	}
@@ -553,24 +652,27 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, 
 		f->src = index;
 		f->name = file_basename(index);
 		f->own_in = 1;
-		/* O_NONBLOCK: whoever owns the directory may have put a FIFO
-		 * there since the model was validated; opening it must not
-		 * hold this thread (and a stop) until someone writes to it. */
-		if ((f->in = open(index, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1 ||
-			fstat(f->in, &f->st) == -1) {
-			err = source_error(-errno, "opening", index, f->in);
-			if (f->in >= 0)
-				close(f->in);
-			free(index);
-			free(fs);
-			return err;
-		}
-		if (!S_ISREG(f->st.st_mode))
+		f->in = -1;
+		/* Opened from the walk's descriptor (no lookup by name), and
+		 * only once it is a regular file: whoever owns the directory
+		 * may have put a FIFO there since the model was validated;
+		 * opening it must not hold this thread (and a stop) until
+		 * someone writes to it. */
+		if (fstat(ifd, &f->st) == -1) {
+			err = source_error(-errno, "opening", index, ifd);
+		} else if (!S_ISREG(f->st.st_mode)) {
 			err = error_set(-ESTALE, "cannot stage it: the shard index %s changed "
 				"since the model was validated: not a regular file; the new "
 				"version is staged by the next load", index);
-		else if ((err = check_index_validated(req, f)) == 0)
+		} else if ((f->in = fd_reopen_read_only(ifd, index)) < 0) {
+			err = source_error(f->in, "opening", index, ifd);
+			f->in = -1;
+		} else if (fstat(f->in, &f->st) == -1) {
+			err = source_error(-errno, "opening", index, f->in);
+		} else if ((err = check_index_validated(req, f)) == 0) {
 			err = check_index_names(req, f);
+		}
+		close(ifd);
 	} else if (req->nfiles > 1) {
 		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
 			"was validated; the new version is staged by the next load",
@@ -796,8 +898,8 @@ stage_copy(struct stage_request *req)
 	err = write_marker(req, dfd, &marked);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = copy_file(req, &run, &fs[i], dfd);
-	for (size_t i = 0; i < n && err == 0; i++)
-		err = check_unchanged(&fs[i], false);
+	if (err == 0)
+		err = check_all_unchanged(fs, n, false);
 	if (err == 0)
 		err = check_cancelled(req);
 	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)

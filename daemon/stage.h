@@ -35,9 +35,11 @@
  * removal on libuv's work queue from the loop. A removal that a stop may
  * cut short (stage_remove_until_stop(), stage_remove_later()) leaves the
  * rest, marked, to the next start's sweep. Nothing here calls another
- * daemon module but log, and fstype (a read error on a network filesystem
- * is said to be maybe another host's); errors are -errno with the message
- * in error_get().
+ * daemon module but log, fstype (a read error on a network filesystem
+ * is said to be maybe another host's) and mountrule (the model's path and
+ * its sources' are looked at by its judged walk, never by name: a user's
+ * FUSE mount met on the way fails the staging with the walk's line); errors
+ * are -errno with the message in error_get().
  */
 #ifndef WC_STAGE_H
 #define WC_STAGE_H

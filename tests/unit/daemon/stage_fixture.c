@@ -23,7 +23,7 @@ int (*copy_hook)(unsigned call); /* returns an errno to fail with, or 0 */
 unsigned copy_calls, sendfile_calls;
 int sendfile_errno;              /* nonzero: sendfile fails with it */
 uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
-const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
+const char *stat_fail_path;      /* a look at this path fails with stat_errno */
 int stat_errno;
 int stat_failures;               /* ... this many times (-1: every time) */
 int (*unlink_hook)(const char *name);

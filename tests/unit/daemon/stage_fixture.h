@@ -26,7 +26,9 @@ extern int (*copy_hook)(unsigned call); /* returns an errno to fail with, or 0 *
 extern unsigned copy_calls, sendfile_calls;
 extern int sendfile_errno;              /* nonzero: sendfile fails with it */
 extern uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
-extern const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
+extern const char *stat_fail_path;      /* a look at this path (the walk: mountrule_open,
+                                           mountrule_stat) fails with stat_errno (EXDEV:
+                                           refused, its why set) */
 extern int stat_errno;
 extern int stat_failures;               /* ... this many times (-1: every time) */
 /* Called with each name unlinkat() removes (an entry of a copy, or a copy

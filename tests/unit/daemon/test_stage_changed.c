@@ -12,7 +12,8 @@
  *
  * Fault injection with the linker's --wrap (stage_fault.c): a hook on
  * copy_file_range changes the source mid-copy, makes a request slow or
- * stops wcached, stat can be made to fail for one path, and a hook on
+ * stops wcached, a look at one path (the judged walk) can be made to fail
+ * or be refused, and a hook on
  * unlinkat stops wcached during the removal of an unfinished copy.
  */
 #include <dirent.h>
@@ -247,14 +248,18 @@ test_shard_removed_early_in_a_long_copy(void **state)
  * twenty minutes of copying away as "removed".
  */
 static char *flaky_path;
+static int slow_look_errno, slow_look_failures; /* what the look at flaky_path gets */
 
+/* In the first request: the looks at flaky_path fail with slow_look_errno
+ * (slow_look_failures times, -1: every time) from now on, and the request
+ * takes past STAGE_CHECK_INTERVAL, so that the copy checks before its next. */
 static int
-flaky_stat_in_a_slow_request(unsigned call)
+look_fails_in_a_slow_request(unsigned call)
 {
 	if (call == 0) {
 		stat_fail_path = flaky_path;
-		stat_errno = EIO;
-		stat_failures = 1;
+		stat_errno = slow_look_errno;
+		stat_failures = slow_look_failures;
 		slow_request();
 	}
 	return 0;
@@ -268,7 +273,9 @@ test_flaky_stat_during_a_long_copy(void **state)
 	add_source(f, "model.safetensors", 40 * MiB, 24); /* 5 requests */
 	flaky_path = path_join(f->src, "model.safetensors");
 	make_request(f, flaky_path);
-	copy_hook = flaky_stat_in_a_slow_request;
+	copy_hook = look_fails_in_a_slow_request;
+	slow_look_errno = EIO;
+	slow_look_failures = 1;
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_int_equal(stat_failures, 0); /* the periodic check did ask */
 	assert_same_file(f->req.dir, "model.safetensors", &f->files[0]);
@@ -344,6 +351,70 @@ test_failing_stat_is_not_a_removal(void **state)
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(flaky_path);
 	flaky_path = NULL;
+}
+
+/*
+ * The source's path refused by the judged walk early in a long copy (a
+ * neighbour renamed his link to his own FUSE mount over it: EXDEV, with
+ * the walk's why): the source was replaced, and the copy stops before its
+ * next request saying so, with the walk's line; it neither goes on as if
+ * no answer came nor waits on the mount. A path the walk cannot follow
+ * otherwise (a link loop, ELOOP; EACCES) is an answer too: the path no
+ * longer reaches the file, and the copy stops.
+ */
+static void
+test_a_path_the_walk_refuses_during_a_long_copy(void **state)
+{
+	struct fixture *f = *state;
+
+	add_source(f, "model.safetensors", 40 * MiB, 27); /* 5 requests */
+	flaky_path = path_join(f->src, "model.safetensors");
+	make_request(f, flaky_path);
+	copy_hook = look_fails_in_a_slow_request;
+	slow_look_errno = EXDEV;
+	slow_look_failures = -1;
+	assert_stopped_after_one_request(f, "was replaced during the copy: ");
+	assert_non_null(strstr(error_get(), "bob-evil lies on fuse"));
+	assert_non_null(strstr(error_get(), flaky_path));
+
+	stat_fail_path = NULL;
+	make_request(f, flaky_path);
+	slow_look_errno = ELOOP;
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -ELOOP);
+	assert_non_null(strstr(error_get(), "checking"));
+	assert_int_equal(copy_calls, 1);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(flaky_path);
+	flaky_path = NULL;
+}
+
+/*
+ * A directory model whose path the judged walk refuses when the staging
+ * starts (a neighbour mounted on it, or renamed his link there, since the
+ * load opened it): nothing is copied, and the one line is the walk's.
+ */
+static void
+test_a_directory_the_walk_refuses_before_the_copy(void **state)
+{
+	struct fixture *f = *state;
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", index, strlen(index));
+
+	add_source(f, "s-1.safetensors", 1 * MiB, 28);
+	make_request(f, f->src);
+	stat_fail_path = f->src;
+	stat_errno = EXDEV;
+	stat_failures = -1;
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -EXDEV);
+	assert_non_null(strstr(error_get(), "cannot stage it: "));
+	assert_non_null(strstr(error_get(), "bob-evil lies on fuse"));
+	assert_null(strchr(error_get(), '\n'));
+	assert_int_equal(copy_calls, 0);
+	assert_true(tu_count_entries(f->stage_dir) <= 0); /* never made: nothing to copy into */
+	stat_fail_path = NULL;
+	free(ipath);
 }
 
 /* The source truncated during the copy: it ends early. */
@@ -754,6 +825,10 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_failing_stat_is_not_a_removal, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_a_path_the_walk_refuses_during_a_long_copy,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_directory_the_walk_refuses_before_the_copy,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
