@@ -14,7 +14,7 @@ from conftest import Daemon, mkmodel
 from test_tree_links import secret_not_served
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice,
                               as_bob, made_by, pytestmark, roots_private_model, served,
-                              sharded_model)
+                              sharded_model, warm_restart)
 
 __all__ = ["pytestmark"]
 
@@ -239,3 +239,22 @@ def test_her_link_from_roots_tree_to_another_users_model_beside_waits(tmp_path, 
         else:
             assert "names a file now owned by uid %d (was uid %d)" % (BOB_UID, ALICE_UID) \
                 in line, line
+
+
+def test_her_link_to_roots_private_sibling_while_down_waits(tmp_path):
+    """rev216 H1 at a warm restart: the slot-in-team layout, her swap to
+    root's private model made while wcached restarts. The restart restores
+    generation 1 and loads what her path leads to now as wcached's own
+    reload, through her link (no walk of a restored generation is
+    recorded, so judged by its maker): root's private model waits."""
+    path, target, secret = roots_tree_reached_by_her_link(tmp_path, "slot-in-team")
+
+    def then(d, line):
+        assert "generation 1 restored" in line, d.read_log()
+        line = secret_not_served(d, secret, "through alice's link while down",
+                                 r"its path|.*symbolic link|generation 2 from")
+        assert "now resolves into %s (was " % secret in line, line
+        assert "such a link moves the model by itself only to files of its maker" in line, line
+    warm_restart(tmp_path, {"llama": path}, "llama", then,
+                 lambda: as_alice("ln -s %s .n && mv -T .n current" % target,
+                                  os.path.dirname(path)))
