@@ -432,6 +432,38 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
+int
+mountrule_hand_at(struct mountrule_hand *h, int dir)
+{
+	struct statx sx;
+
+	if (statx(dir, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
+		return -errno;
+	h->dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	return 0;
+}
+
+int
+mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *dev, char *why,
+	size_t len)
+{
+	struct judged j = { &h->run, h->path, h->crossings, NULL, 0 };
+	struct tree_mount m;
+	struct statx sx;
+	int r = 0;
+
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
+		    STATX_TYPE | STATX_MNT_ID, &sx) == -1)
+		return -errno;
+	m = (struct tree_mount){ makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_mnt_id,
+		(sx.stx_mask & STATX_MNT_ID) != 0 };
+	if (m.dev != h->dev)
+		r = judge(&j, &m, name, why, len);
+	h->crossings = j.crossings;
+	*dev = m.dev;
+	return r;
+}
+
 /* statmount(2) (Linux 6.8; x86_64 and arm64 give it one number) and
  * statx's unique mount ID, which it takes, where the headers lack them. */
 #if !defined(SYS_statmount) && (defined(__x86_64__) || defined(__aarch64__))

@@ -103,6 +103,39 @@ int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, 
 	size_t len);
 
 /*
+ * A walk a caller makes by hand, one name at a time (registry_links.c's
+ * walk of a model's path, which reads each link it meets itself and hands
+ * each to its own judge), judged as mountrule_open's walk is: each name it
+ * opens (O_PATH | O_NOFOLLOW, ".." too) is stepped onto with
+ * mountrule_step before anything on it is looked up (an fstat(2) of a
+ * user's FUSE mount asks his server, which may never answer: review
+ * rev216 H2). run: its mount table (read at the first mount crossed);
+ * path: the path walked, for why; crossings: the mounts crossed so far,
+ * at most 64 as for mountrule_open; dev: the device of the directory the
+ * walk stands in, which the caller sets (mountrule_hand_at) where it
+ * starts, or starts again from "/", and to a step's where it goes into
+ * what it stepped onto. mountrule_walk_end(&run) ends it.
+ */
+struct mountrule_hand {
+	struct mountrule_walk run;
+	const char *path;
+	int crossings;
+	dev_t dev;
+};
+
+/* h->dev made the device of the directory dir (statx AT_STATX_DONT_SYNC:
+ * no server asked): 0, or -errno. */
+int mountrule_hand_at(struct mountrule_hand *h, int dir);
+/* fd (the walk's O_PATH descriptor of name, in the directory of h->dev):
+ * 0 with *dev its device where it is on the same mount, or on one that
+ * mountrule_open's walk would cross; -EXDEV with why (one line naming
+ * h->path, name, the mount and the reason) where it would not (a user's
+ * FUSE mount, one gone from the table or that cannot be judged, past 64
+ * crossings); -errno where statx fails. */
+int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *dev, char *why,
+	size_t len);
+
+/*
  * The real path of what path names, as realpath(3) gives it, without
  * looking anything up by name: the walk (mountrule_open, in the run w or
  * one of its own), then the kernel's name for the file its descriptor

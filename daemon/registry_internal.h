@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "generation.h"
+#include "mountrule.h"
 #include "registry.h"
 
 /* How many retired generations of one model may always stay open
@@ -130,6 +131,13 @@ struct registry_walk {
 	int stopped;
 	struct stat stop_dir;
 	char stop_where[PATH_MAX];
+	/* A walk that met a mount mountrule_open's walk would not cross (a
+	 * user's FUSE mount, one that cannot be judged: -EXDEV, its judge not
+	 * asked): refused 1, why its line (naming the path, the name on the
+	 * mount, the mount and the reason), stop_dir the directory holding
+	 * that name (review rev216 H2). */
+	int refused;
+	char why[MOUNTRULE_WHY];
 };
 
 /* registry_links.c: walks path component by component from "/" (the
@@ -139,8 +147,12 @@ struct registry_walk {
  * then followed by its text, read from the link itself; each directory
  * entered or ended at is handed to judge too (target ""). 0 with *w filled,
  * judge's code, -ELOOP past REGISTRY_LINK_HOPS links (or past as many bound
- * directories), or -errno (an entry
- * missing, not a directory, not searchable). Work queue thread. */
+ * directories), -EXDEV with w->refused set where it would step onto a
+ * mount mountrule_open's walk does not cross (each name's mount judged,
+ * mountrule_step, before anything on it is looked up: an fstat(2) asked
+ * the server of a neighbour's FUSE mount met, which may never answer), or
+ * -errno (an entry missing, not a directory, not searchable). Work queue
+ * thread. */
 int registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w);
 

@@ -17,6 +17,16 @@
  * path enters or ends at is handed to the judge too, which may bind it
  * (recorded with the links): in a directory others may rename entries in,
  * a later walk must meet the very same one (review rev199 H3).
+ *
+ * Each name it opens (".." too) is on a mount judged before anything on
+ * it is looked up (mountrule.h's mountrule_step: the mount's ID, told by
+ * statx(2) with AT_STATX_DONT_SYNC of the walk's own O_PATH descriptor,
+ * and the mount table, no server asked), as mountrule_open's walk judges
+ * it: a user's FUSE mount met on the way, on the path or where a link
+ * renamed in leads, is not stepped onto (its fstat(2) asked his server,
+ * which may never answer, and the thread of a load or of a warm restart's
+ * check waited for good: review rev216 H2); the walk ends -EXDEV with
+ * w->refused, and each caller takes that as it takes a refusal.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +38,7 @@
 #include <unistd.h>
 
 #include "diracl.h"
+#include "mountrule.h"
 #include "registry_internal.h"
 
 /* How the walk opens a directory it goes up to (".."): never a link. */
@@ -151,6 +162,19 @@ take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *wh
 	return 0;
 }
 
+/* The name fd is open at, in the directory h stands in, stepped onto by
+ * w's walk (mountrule_step): 0 with *dev its device; -EXDEV with
+ * w->refused and its line; or -errno. */
+static int
+step(struct registry_walk *w, struct mountrule_hand *h, int fd, const char *name, dev_t *dev)
+{
+	int err = mountrule_step(h, fd, name, dev, w->why, sizeof(w->why));
+
+	if (err == -EXDEV)
+		w->refused = 1;
+	return err;
+}
+
 int
 registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w)
@@ -159,14 +183,21 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	char text[PATH_MAX + 1], up[PATH_MAX];
 	const char *p = todo;
 	int dir = open(path[0] == '/' ? "/" : ".", WALK_DIR), err = 0, fd;
+	struct mountrule_hand h = { .path = path };
 	struct stat st;
+	dev_t dev;
 
 	w->nlinks = 0;
 	w->nhops = 0;
 	w->stopped = 0;
+	w->refused = 0;
+	w->why[0] = '\0';
+	mountrule_walk_init(&h.run);
 	snprintf(where, sizeof(where), "%s", path[0] == '/' ? "/" : "");
 	if (todo == NULL || dir < 0)
 		err = todo == NULL ? -ENOMEM : -errno;
+	else
+		err = mountrule_hand_at(&h, dir);
 	while (err == 0) {
 		size_t len;
 
@@ -192,14 +223,21 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 				err = -errno;
 				break;
 			}
+			if ((err = step(w, &h, fd, name, &dev)) != 0) {
+				close(fd);
+				break;
+			}
 			close(dir);
 			dir = fd;
+			h.dev = dev;
 			spell_up(where);
 			continue;
 		}
+		/* Its mount judged before its fstat, which may ask it. */
 		if ((fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-			fstat(fd, &st) != 0) {
-			err = -errno;
+			(err = step(w, &h, fd, name, &dev)) != 0 || fstat(fd, &st) != 0) {
+			if (err == 0)
+				err = -errno;
 			if (fd >= 0)
 				close(fd);
 			break;
@@ -219,6 +257,8 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 				close(dir);
 				if ((dir = open("/", WALK_DIR)) < 0)
 					err = -errno;
+				else
+					err = mountrule_hand_at(&h, dir);
 				snprintf(where, sizeof(where), "/");
 			}
 			continue;
@@ -233,6 +273,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			}
 			close(dir);
 			dir = fd;
+			h.dev = dev;
 			snprintf(where, sizeof(where), "%s", spell(up, sizeof(up), where, name));
 			continue;
 		}
@@ -253,6 +294,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	}
 	if (dir >= 0)
 		close(dir);
+	mountrule_walk_end(&h.run);
 	free(todo);
 	return err;
 }

@@ -912,7 +912,9 @@ say_moved(struct load_request *q, const char *old)
  * in q->links (links_known 1) for the generation. A watched reload: 0, or
  * -EXDEV with q->message (a link refused, or the path led elsewhere: then
  * loaded again at its next change), or the walk's -errno with q->message;
- * any other load: 0.
+ * any other load: 0. Any load: -EXDEV with q->message where the walk met a
+ * mount it does not step onto (a user's FUSE mount, where a link renamed
+ * in between leads: review rev216 H2).
  */
 static int
 check_links(struct load_request *q)
@@ -928,6 +930,12 @@ check_links(struct load_request *q)
 	if (q->links_known < 0) {
 		free(w);
 		return -EXDEV; /* link_taken said why */
+	}
+	if (w->refused) { /* a mount its walk would not cross: any load */
+		snprintf(q->message, sizeof(q->message), "its path was walked again after its "
+			"files were opened: %.900s; not loaded", w->why);
+		free(w);
+		return -EXDEV;
 	}
 	bound = err == 0 && walk_bound(q, w);
 	if (bound && (q->links = malloc((w->nlinks > 0 ? w->nlinks : 1) *
@@ -2097,7 +2105,9 @@ load_work(struct workq_job *w)
 	if (q->reload == RELOAD_WATCHED)
 		q->tree_status = same_tree(q);
 	else
-		check_links(q); /* the links its generation goes through */
+		/* The links its generation goes through; refused only where
+		 * its walk met a mount it does not cross. */
+		q->tree_status = check_links(q);
 	if (q->tree_status == 0)
 		q->tree_status = linked_in(q);
 	if (q->tree_status < 0) {
@@ -3537,6 +3547,13 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 		return 1;
 	}
 	err = registry_walk_links(path, rename_place, &p, w);
+	if (w->refused) {
+		/* A mount the walk would not step onto (a user's FUSE mount,
+		 * where a link renamed in leads): its user may rename anything
+		 * there, and nothing past it was walked (review rev216 H2). */
+		snprintf(p.why, p.len, "%s", w->why);
+		p.found = 1;
+	}
 	if (!p.found && err == 0) {
 		/* The model's files: the directory's entries, or the file's
 		 * beside it. */

@@ -511,7 +511,9 @@ restore_owners_tree(const char *path, uid_t owner, const char *root, uid_t root_
 		snprintf(why, len, "%s", strerror(ENOMEM));
 		return -1;
 	}
-	if ((err = registry_walk_links(path, owners_link, &o, w)) < 0 && err != -EXDEV)
+	if ((err = registry_walk_links(path, owners_link, &o, w)) < 0 && w->refused)
+		snprintf(why, len, "%s", w->why); /* a mount it does not cross */
+	else if (err < 0 && err != -EXDEV)
 		snprintf(why, len, "its path %.600s could not be walked (%s)", path,
 			strerror(-err));
 	/* The walk ended where the files are: the path was not swapped

@@ -33,7 +33,8 @@ from test_watch_writer_neighbours import BOB
 
 from fusehang import blocked_in_fuse  # noqa: E402
 
-STEP_SHIM = r"""
+# The gate itself, for shims whose hold() says when to take it.
+GATE_SHIM = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -48,26 +49,38 @@ STEP_SHIM = r"""
 
 static atomic_int taken;
 
-/* Once, where path is WC_GATE_NAME and WC_GATE_DIR/step exists: creates
- * WC_GATE_DIR/step.held and waits while step exists (120 s at most). */
+/* Once, where WC_GATE_DIR/step exists: creates WC_GATE_DIR/step.held and
+ * waits while step exists (120 s at most). */
 static void
-hold(const char *path, int flags)
+gate(void)
 {
-	const char *gate = getenv("WC_GATE_DIR"), *name = getenv("WC_GATE_NAME");
+	const char *dir = getenv("WC_GATE_DIR");
 	char armed[PATH_MAX], held[PATH_MAX];
 	time_t end = time(NULL) + 120;
 	int h;
 
-	if (gate == NULL || name == NULL || !(flags & O_PATH) || strcmp(path, name) != 0)
+	if (dir == NULL)
 		return;
-	snprintf(armed, sizeof(armed), "%s/step", gate);
+	snprintf(armed, sizeof(armed), "%s/step", dir);
 	if (access(armed, F_OK) != 0 || atomic_exchange(&taken, 1) != 0)
 		return;
-	snprintf(held, sizeof(held), "%s/step.held", gate);
+	snprintf(held, sizeof(held), "%s/step.held", dir);
 	if ((h = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) >= 0)
 		close(h);
 	while (access(armed, F_OK) == 0 && time(NULL) < end)
 		usleep(5000);
+}
+"""
+
+STEP_SHIM = GATE_SHIM + r"""
+/* The gate, where path is WC_GATE_NAME opened O_PATH. */
+static void
+hold(const char *path, int flags)
+{
+	const char *name = getenv("WC_GATE_NAME");
+
+	if (name != NULL && (flags & O_PATH) && strcmp(path, name) == 0)
+		gate();
 }
 
 #define NEXT(fn) ((__typeof__(&fn))dlsym(RTLD_NEXT, #fn))

@@ -851,6 +851,40 @@ def test_the_upgrade_restart_takes_no_real_path_by_name_of_a_moved_file_under_hi
                               r'leads to other files now', "llama's line")
 
 
+@pytest.mark.parametrize("whose", ["bobs-own-model", "alices-model-by-bobs-link"])
+def test_a_restart_checks_no_link_into_the_deployers_own_fuse_mount(tmp_path, whose):
+    """rev216 H2: the model at bob's link home/bob/llama (to his own v1, or
+    to alice's team/v1: rev213's layout). While wcached restarts bob
+    renames his link llama -> C/x over it, C his directory with his FUSE
+    server (answering INIT alone) mounted on it. The restart's last look,
+    whether the path goes through a place others may rename in
+    (registry_others_rename_on), walked it with registry_walk_links, which
+    judged no mount: its fstat of C asked his server (GETATTR), never
+    answered: llama was never listed and wcached could not stop. Now that
+    walk judges each mount it steps onto as mountrule_open's does: his is
+    refused before anything on it is asked, llama waits for the operator's
+    reload with one line naming his mount, and wcached stops."""
+    if whose == "bobs-own-model":
+        home = neighbours_place(tmp_path, "home")
+        bobs = made_by(os.path.join(home, "bob"), BOB_UID, 0o755)
+        v1 = made_by(os.path.join(bobs, "v1"), BOB_UID, 0o755)
+        f = mkmodel(os.path.join(v1, "model.safetensors"), seed=1)
+        os.chown(f, BOB_UID, GROUP)
+        as_bob("ln -s v1 llama", bobs)
+    else:
+        neighbours_place(tmp_path, "unused")
+        _, _, bobs = alices_versions_by_bobs_link(tmp_path)
+    d, mgr = stored_then_stopped(tmp_path, os.path.join(bobs, "llama"))
+    as_bob("mkdir -m 755 C && ln -s C/x .n && mv -T .n llama", bobs)
+    fs = HangFS(os.path.join(bobs, "C"), BOB_UID, GROUP)
+    line = r'model "llama": not restored: .*: C lies on fuse \(device \d+:\d+\) mounted by uid %d' % (
+        BOB_UID)
+    restarts_asking_no_server(d, mgr, fs, line, "llama's wait", waits=True)
+    lines = [l for l in d.read_log().split("\n") if 'model "llama": not restored' in l]
+    assert len(lines) == 1 and "wcachectl reload llama" in lines[0], d.read_log()
+    assert fs.ops == [], fs.ops   # nothing was asked of bob's server
+
+
 # Review rev215 H1: after a warm restart a one-file model's path counted as
 # having named no file (keep_named_file read from the restored generation's
 # real path: NULL where its path moved, or outside the recorded tree), so
