@@ -914,7 +914,8 @@ say_moved(struct load_request *q, const char *old)
  * loaded again at its next change), or the walk's -errno with q->message;
  * any other load: 0. Any load: -EXDEV with q->message where the walk met a
  * mount it does not step onto (a user's FUSE mount, where a link renamed
- * in between leads: review rev216 H2).
+ * in between leads: review rev216 H2); a watched reload then waits for the
+ * operator's word, as for a link refused.
  */
 static int
 check_links(struct load_request *q)
@@ -931,9 +932,15 @@ check_links(struct load_request *q)
 		free(w);
 		return -EXDEV; /* link_taken said why */
 	}
-	if (w->refused) { /* a mount its walk would not cross: any load */
+	if (w->refused && q->reload != RELOAD_WATCHED) { /* a mount it would not cross */
 		snprintf(q->message, sizeof(q->message), "its path was walked again after its "
 			"files were opened: %.900s; not loaded", w->why);
+	} else if (w->refused) { /* refused as same_tree refuses: waits */
+		snprintf(q->message, sizeof(q->message), "its path was walked again after its "
+			"files were opened: %.700s; it is served only after " OPERATORS_WORD,
+			w->why, q->name);
+	}
+	if (w->refused) {
 		free(w);
 		return -EXDEV;
 	}

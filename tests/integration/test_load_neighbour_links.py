@@ -21,6 +21,7 @@ import os
 import sys
 
 from conftest import mkmodel, wait_until
+from ctlutil import model_entry
 from fusehang import HangFS, blocked_in_fuse, neighbours_place
 from test_load_neighbour_detach import GATE_SHIM
 from test_load_neighbour_mounts import error_of
@@ -81,8 +82,9 @@ def test_a_fuse_mount_met_by_the_loads_walk_of_its_links_is_refused(tmp_path,
     mounts his FUSE server (answering INIT alone) on v1, and the walk goes
     on into v1. Before, its fstat of v1 asked his server and never returned:
     m's reload never ended, nor would wcached's stop. Now v1's mount is
-    judged first: the load is refused with one line naming it, nothing is
-    asked of his server, and wcached stops."""
+    judged first: the load is refused with one line naming it (the watched
+    reload's files wait for the operator's reload), nothing is asked of his
+    server, and wcached stops."""
     home = neighbours_place(tmp_path, "home")
     bobs = home / "bob"
     v1 = bobs / "v1"
@@ -130,6 +132,9 @@ def test_a_fuse_mount_met_by_the_loads_walk_of_its_links_is_refused(tmp_path,
                 bobs / "llama")
             assert want in err, (err, d.read_log()[-3000:])
             assert "mounted by uid %d" % BOB[0] in err, err
+            # a watched reload: waits for the operator's word, as for a link refused
+            assert "served only after the operator's `wcachectl reload m`" in err, err
+            assert "waits_for_reload" in model_entry(d, "m"), model_entry(d, "m")
             lines = [l for l in d.read_log().split("\n") if want in l and " error: " in l]
             assert len(lines) == 1, d.read_log()[-3000:]
             assert ready(d, "m", 1)   # generation 1 serves on
