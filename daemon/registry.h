@@ -531,7 +531,9 @@ void registry_refusal_kept(struct registry *r, const char *name, const char *lin
  * take, reached through any link: review rev203 H2), or a directory above
  * it as spelled that stat(2) finds so. 1 with that
  * directory said in why (len bytes: "DIR (uid U, mode M)"; out of memory,
- * not walked: 1 too), else 0. Work queue thread: it asks the model's
+ * not walked: 1 too); 2 where a walk refused a mount on the way (a user's
+ * FUSE mount: its user may change anything there), the walk's line in why;
+ * else 0. Work queue thread: it asks the model's
  * filesystem.
  */
 int registry_others_rename_on(const char *path, char *why, size_t len);

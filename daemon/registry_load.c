@@ -3559,7 +3559,7 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 		 * where a link renamed in leads): its user may rename anything
 		 * there, and nothing past it was walked (review rev216 H2). */
 		snprintf(p.why, p.len, "%s", w->why);
-		p.found = 1;
+		p.found = 2;
 	}
 	if (!p.found && err == 0) {
 		/* The model's files: the directory's entries, or the file's
@@ -3597,7 +3597,7 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 
 		if (r == -EXDEV) {
 			snprintf(p.why, p.len, "%s", refused);
-			p.found = 1;
+			p.found = 2;
 		} else if (r == 0 && S_ISDIR(st.st_mode) && others_rename_in(&st)) {
 			say_place(&p, dir, &st);
 		}

@@ -82,8 +82,9 @@ struct restore_job {
 	restore_done_fn done;
 	void *arg;
 	/* Whether the model's path goes through a place others may rename
-	 * entries in (registry_others_rename_on), and which: there a model
-	 * not restored is not loaded afresh (restore_after). */
+	 * entries in (registry_others_rename_on; 2: a mount refused on the
+	 * way), and which: there a model not restored is not loaded afresh
+	 * (restore_after). */
 	int others_rename;
 	char rename_place[PATH_MAX + 64];
 };
@@ -680,7 +681,8 @@ reload_moved(struct registry *r, const char *name, uint64_t number, const char *
 
 /*
  * Loop thread: the model name of j is not restored (why), and its path
- * goes through a place others may rename entries in (j->rename_place):
+ * goes through a place others may rename entries in (place; mount: a
+ * mount a walk refused, a user's FUSE mount, said as such):
  * anyone of them may have renamed something else at its path while
  * wcached was down, or made the check fail to have it loaded afresh (a
  * staged model's origin replaced, a one-file model's file renamed aside:
@@ -694,16 +696,17 @@ reload_moved(struct registry *r, const char *name, uint64_t number, const char *
  */
 static void
 wait_for_operator(struct registry *r, const char *name, const char *path, const char *place,
-	const char *why)
+	int mount, const char *why)
 {
 	char line[ERROR_MAX + PATH_MAX * 2 + 640];
 
-	snprintf(line, sizeof(line), "not restored: %s; its path %s goes through %s, a "
-		"directory others than its owner may rename entries in (writable by its "
-		"group or all, not sticky), and the store records no directory or link its "
-		"generation was loaded through: what its path names now is served only after "
-		"the operator's `wcachectl reload %s` (a config reload that leaves the "
-		"model's section unchanged does not load it)", why, path, place, name);
+	snprintf(line, sizeof(line), "not restored: %s; its path %s goes through %s%s, and the "
+		"store records no directory or link its generation was loaded through: what "
+		"its path names now is served only after the operator's `wcachectl reload %s` "
+		"(a config reload that leaves the model's section unchanged does not load it)",
+		why, path, place, mount ? " (a mount the walk does not step onto: its user "
+		"may change anything there)" : ", a directory others than its owner may rename "
+		"entries in (writable by its group or all, not sticky)", name);
 	log_errorx("model \"%s\": %s", name, line);
 	registry_wait_for_operator(r, name, line, NULL);
 }
@@ -894,7 +897,8 @@ restore_after(struct workq_job *w, int status)
 		restore_still_waits(r, m->name, error_get(), m->waits);
 		result = RESTORE_WAITS;
 	} else if (j->others_rename) {
-		wait_for_operator(r, m->name, j->path, j->rename_place, error_get());
+		wait_for_operator(r, m->name, j->path, j->rename_place, j->others_rename == 2,
+			error_get());
 		result = RESTORE_WAITS;
 	} else {
 		result = keep_stored_tree(r, m, &j->gens[0], error_get()) == 0 ? RESTORE_JUDGED :

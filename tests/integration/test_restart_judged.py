@@ -882,6 +882,9 @@ def test_a_restart_checks_no_link_into_the_deployers_own_fuse_mount(tmp_path, wh
     restarts_asking_no_server(d, mgr, fs, line, "llama's wait", waits=True)
     lines = [l for l in d.read_log().split("\n") if 'model "llama": not restored' in l]
     assert len(lines) == 1 and "wcachectl reload llama" in lines[0], d.read_log()
+    # said as a mount, not as a directory others may rename entries in
+    assert "a mount the walk does not step onto" in lines[0], lines[0]
+    assert "a directory others than its owner may rename" not in lines[0], lines[0]
     assert fs.ops == [], fs.ops   # nothing was asked of bob's server
 
 
