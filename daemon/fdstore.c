@@ -66,7 +66,7 @@
 #define MIN_ARTIFACT_V6 (3u * MIN_STRING + ARTIFACT_FIXED)
 #define MIN_ARTIFACT (MIN_ARTIFACT_V6 + 4u + 4u) /* and the builder's gid, group count */
 #define BUILDER_GROUP_SIZE 4u
-#define KEPT_SIZE (4u + 8u + 8u)                 /* a tree's kept file: uid, dev, ino */
+#define KEPT_SIZE (4u + 8u + 8u + 8u)            /* a tree's kept file: uid, dev, ino, ctime */
 
 _Static_assert(sizeof(FDSTORE_MAGIC) - 1 == 8, "the magic is 8 bytes");
 
@@ -134,7 +134,7 @@ put_string(struct out *o, const char *s)
  * follows), then its owner, whether the root's inode is recorded, its
  * device and inode, the place (u16 length 0: none), its directory's mode
  * and that directory's length in it; since version 10 what its path named,
- * the count of its kept files and each (uid, dev, ino). */
+ * the count of its kept files and each (uid, dev, ino, ctime). */
 static void
 put_tree(struct out *o, const struct fdstore_tree *t, uint32_t version)
 {
@@ -161,6 +161,7 @@ put_tree(struct out *o, const struct fdstore_tree *t, uint32_t version)
 		put_le(o, t->kept[k].uid, 4);
 		put_le(o, t->kept[k].dev, 8);
 		put_le(o, t->kept[k].ino, 8);
+		put_le(o, (uint64_t)t->kept[k].ctime_ns, 8);
 	}
 }
 
@@ -530,7 +531,7 @@ get_optional(struct in *in, size_t max, char **out, const char *where, const cha
 static int
 get_kept(struct in *in, struct fdstore_tree *t, const char *where)
 {
-	uint64_t v;
+	uint64_t v, c;
 	int r;
 
 	if ((r = get_le(in, 1, &v, where, "tree path named")) < 0)
@@ -545,9 +546,11 @@ get_kept(struct in *in, struct fdstore_tree *t, const char *where)
 		if ((r = get_le(in, 4, &v, where, "tree kept file's owner")) < 0 ||
 			(r = get_le(in, 8, &t->kept[k].dev, where,
 				 "tree kept file's device")) < 0 ||
-			(r = get_le(in, 8, &t->kept[k].ino, where, "tree kept file's inode")) < 0)
+			(r = get_le(in, 8, &t->kept[k].ino, where, "tree kept file's inode")) < 0 ||
+			(r = get_le(in, 8, &c, where, "tree kept file's ctime")) < 0)
 			return r;
 		t->kept[k].uid = (uint32_t)v;
+		t->kept[k].ctime_ns = (int64_t)c;
 	}
 	return 0;
 }
@@ -721,7 +724,8 @@ stored_tree_equal(const struct fdstore_tree *a, const struct fdstore_tree *b)
 	/* Field by field: a kept file's struct has padding. */
 	for (uint32_t k = 0; a->nkept == b->nkept && k < a->nkept; k++)
 		if (a->kept[k].uid != b->kept[k].uid || a->kept[k].dev != b->kept[k].dev ||
-			a->kept[k].ino != b->kept[k].ino)
+			a->kept[k].ino != b->kept[k].ino ||
+			a->kept[k].ctime_ns != b->kept[k].ctime_ns)
 			return 0;
 	return optional_equal(a->root, b->root) && optional_equal(a->place, b->place) &&
 		a->uid == b->uid && a->root_known == b->root_known &&

@@ -283,6 +283,12 @@ struct fdstore_model {
 			uint32_t uid;  /* st_uid */
 			uint64_t dev;  /* st_dev */
 			uint64_t ino;  /* st_ino */
+			/* st_ctim (ns since the epoch, file_time_ns): nothing
+			 * holds the inode while wcached is down, and a
+			 * filesystem gives a freed inode number to the next
+			 * file made (ext4 does); that file's ctime is its
+			 * own, never the recorded one (review rev217 L1). */
+			int64_t ctime_ns;
 		} *kept;
 	} tree;
 };
@@ -342,8 +348,9 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n,
  * no builder's groups when its builder_gid is FDSTORE_GID_UNRECORDED;
  * a generation's and a tree's named at most FDSTORE_MAX_NAMED, a tree's
- * kept files only with its root, its named only with kept files, and
- * FDSTORE_MAX_KEPT_ALL of them in all;
+ * kept files only with its root and only where its model describes no
+ * generation, its named only with kept files, and FDSTORE_MAX_KEPT_ALL of
+ * them in all;
  * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */
 int fdstore_check(const struct fdstore_desc *d);
 

@@ -6,7 +6,8 @@
  * the holders, files whose ctimes are 0 when
  * their nlink says they are not recorded, derived artifacts of a
  * described generation named after their model's slot, what a path named
- * and a tree's kept files in range, and a bound on the descriptors (and
+ * and a tree's kept files in range (kept files only where its model
+ * describes no generation), and a bound on the descriptors (and
  * the kept files) in all.
  *
  * The rules are one file, apart from the encoding, because both directions
@@ -319,6 +320,13 @@ fdstore_check(const struct fdstore_desc *d)
 		if ((nkept += m->tree.nkept) > FDSTORE_MAX_KEPT_ALL)
 			return error_set(-EINVAL, "fdstore: %s: tree kept files: more than %u in "
 				"all", where, FDSTORE_MAX_KEPT_ALL);
+		/* A described generation tells its own files (restore_tell_files):
+		 * a tree's are recorded only where none is (review rev217 L2). */
+		if (m->tree.nkept > 0 && m->ngenerations > 0)
+			return error_set(-EINVAL, "fdstore: %s: tree kept files: %" PRIu32 " with "
+				"%" PRIu32 " generation%s described (recorded only where none is)",
+				where, m->tree.nkept, m->ngenerations,
+				m->ngenerations == 1 ? "" : "s");
 		if (m->slot == 0 || m->slot >= d->status_size / 8)
 			return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is not 1 to %"
 				PRIu64, where, m->slot, d->status_size / 8 - 1);

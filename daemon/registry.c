@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "closer.h"
 #include "log.h"
 #include "registry_internal.h"
@@ -510,7 +511,8 @@ registry_kept_of(const struct generation *g, struct registry_kept_files *k)
 			g->origin != NULL ? &g->origin[i].st : &src->files[i].st;
 
 		kept.owners[i] = st->st_uid;
-		kept.ids[i] = (struct registry_file_id){ .dev = st->st_dev, .ino = st->st_ino };
+		kept.ids[i] = (struct registry_file_id){ .dev = st->st_dev, .ino = st->st_ino,
+			.ctime_ns = file_time_ns(&st->st_ctim) };
 	}
 	/* Its path named a file straight in its tree (keep_tree's
 	 * keep_named_file): as the load that made g told it, where it did

@@ -67,7 +67,10 @@ registry_fd_reserve(rlim_t limit)
  * (registry_load.c's same_file_owner, review rev187 R2b); every file's
  * owner may own files of the tree (same_owners, rev187 R3); the files
  * themselves are the only ones taken in a place others may rename entries
- * in (files_kept, rev201 H2); named_file: the generation's path named a
+ * in (files_kept, rev201 H2), each with the st_ctim it had when told: a
+ * restart's kept files are held by nothing while wcached is down, and a
+ * filesystem gives a freed inode number to the next file made, whose
+ * ctime is its own (review rev217 L1); named_file: the generation's path named a
  * file straight in the tree's root (sibling_swap, rev191 F1), as its load
  * told it (named_told: its path_named, recorded by a store of format
  * version 10), else as where the one file lay then (named_told 0:
@@ -78,6 +81,7 @@ struct registry_kept_files {
 	struct registry_file_id {
 		dev_t dev;
 		ino_t ino;
+		int64_t ctime_ns; /* st_ctim (file_time_ns) */
 	} *ids;                 /* per file */
 	size_t nfiles;
 	int named_file;

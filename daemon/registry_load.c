@@ -121,10 +121,17 @@ struct load_request {
 	 * opened; a staged copy's, its origin's; its shard index where known,
 	 * named_owner), by device and inode, nkeep_files of them: where the
 	 * directory holding the files is one others may rename entries in,
-	 * wcached's own reloads take no other (files_kept, review rev201 H2). */
+	 * wcached's own reloads take no other (files_kept, review rev201 H2).
+	 * ctime_known: a restart's kept files (keep_restart_files), which
+	 * nothing held while wcached was down: a file of that device and
+	 * inode is theirs only with their ctime (a freed inode number is
+	 * given to the next file made, review rev217 L1); a generation's own
+	 * (keep_tree) are held by it. */
 	struct file_id {
 		dev_t dev;
 		ino_t ino;
+		int64_t ctime_ns;
+		int ctime_known;
 	} *keep_files;
 	size_t nkeep_files;
 	/* A watched reload: the links the path of its model's newest
@@ -713,6 +720,16 @@ judged_stat(struct mountrule_walk *w, const char *path, struct stat *st, char *w
 	return r;
 }
 
+/* Whether st is the kept file id: its device and inode, and its ctime
+ * where the id's is known (a restart's: the inode number may have been
+ * given to another file since, review rev217 L1). */
+static int
+kept_file(const struct file_id *id, const struct stat *st)
+{
+	return id->dev == st->st_dev && id->ino == st->st_ino &&
+		(!id->ctime_known || id->ctime_ns == file_time_ns(&st->st_ctim));
+}
+
 /*
  * Whether the files of q, wcached's own reload, may be taken where they
  * lie: where the directory holding them (as found) is one others may
@@ -740,8 +757,7 @@ files_kept(const struct load_request *q, const char **name, const struct stat **
 	for (size_t i = 0; file_of(q, i, st, name); i++) {
 		size_t k = 0;
 
-		while (k < q->nkeep_files && (q->keep_files[k].dev != (*st)->st_dev ||
-						     q->keep_files[k].ino != (*st)->st_ino))
+		while (k < q->nkeep_files && !kept_file(&q->keep_files[k], *st))
 			k++;
 		if (k == q->nkeep_files)
 			return 0;
@@ -1110,11 +1126,13 @@ same_tree(struct load_request *q)
 			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
 	else if ((same = files_kept(q, &file, &st)) == 0)
 		snprintf(q->message, sizeof(q->message), "its file %s is not one of the files "
-			"serving (another inode, or none serves), in a directory others than its "
-			"owner (uid %u, mode %04o) may rename entries in (writable by its group or "
-			"all, not sticky): anyone of them may rename another file there at its "
-			"name, so it is served only after " OPERATORS_WORD, file,
-			(unsigned)q->files_uid, (unsigned)(q->files_mode & 07777), q->name);
+			"serving (another inode, or its inode with another ctime: a file made at "
+			"a freed inode number while wcached was down; or none serves), in a "
+			"directory others than its owner (uid %u, mode %04o) may rename entries "
+			"in (writable by its group or all, not sticky): anyone of them may rename "
+			"another file there at its name, so it is served only after "
+			OPERATORS_WORD, file, (unsigned)q->files_uid,
+			(unsigned)(q->files_mode & 07777), q->name);
 	else
 		return check_links(q); /* -EXDEV, or its walk's -errno */
 	return same ? 0 : -EXDEV;
@@ -3173,6 +3191,8 @@ keep_restart_files(struct load_request *q, const struct registry_kept_files *k)
 		q->keep_owners[i] = k->owners[i];
 		q->keep_files[i].dev = k->ids[i].dev;
 		q->keep_files[i].ino = k->ids[i].ino;
+		q->keep_files[i].ctime_ns = k->ids[i].ctime_ns;
+		q->keep_files[i].ctime_known = 1;
 	}
 	q->nkeep_owners = k->nfiles;
 	q->nkeep_files = k->nfiles;

@@ -627,7 +627,8 @@ restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char
 			return;
 		}
 		k.owners[i] = st.st_uid;
-		k.ids[i] = (struct registry_file_id){ .dev = st.st_dev, .ino = st.st_ino };
+		k.ids[i] = (struct registry_file_id){ .dev = st.st_dev, .ino = st.st_ino,
+			.ctime_ns = file_time_ns(&st.st_ctim) };
 	}
 	/* What its path named, as the load that made it told it (the store
 	 * recorded it: version 10); else where its one file lies now. */

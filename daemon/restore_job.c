@@ -772,7 +772,7 @@ stored_kept(const struct fdstore_tree *t, struct registry_kept_files *k)
 	for (uint32_t i = 0; i < t->nkept; i++) {
 		v.owners[i] = (uid_t)t->kept[i].uid;
 		v.ids[i] = (struct registry_file_id){ .dev = (dev_t)t->kept[i].dev,
-			.ino = (ino_t)t->kept[i].ino };
+			.ino = (ino_t)t->kept[i].ino, .ctime_ns = t->kept[i].ctime_ns };
 	}
 	*k = v;
 	return 0;

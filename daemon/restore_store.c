@@ -762,7 +762,8 @@ describe_kept_files(struct fdstore_tree *dt, const struct registry_kept_files *k
 		return -ENOMEM;
 	for (size_t i = 0; i < k->nfiles; i++)
 		dt->kept[i] = (struct fdstore_kept){ .uid = (uint32_t)k->owners[i],
-			.dev = (uint64_t)k->ids[i].dev, .ino = (uint64_t)k->ids[i].ino };
+			.dev = (uint64_t)k->ids[i].dev, .ino = (uint64_t)k->ids[i].ino,
+			.ctime_ns = k->ids[i].ctime_ns };
 	dt->nkept = (uint32_t)k->nfiles;
 	dt->named = !k->named_told ? FDSTORE_NAMED_UNRECORDED :
 		k->named_file ? FDSTORE_NAMED_FILE : FDSTORE_NAMED_DIR;
@@ -1015,6 +1016,7 @@ hash_tree(uint64_t h, const struct model_entry *m)
 	for (size_t i = 0; i < k->nfiles; i++) {
 		h = (h ^ (uint64_t)k->owners[i]) * 1099511628211ull;
 		h = (h ^ (uint64_t)k->ids[i].ino) * 1099511628211ull;
+		h = (h ^ (uint64_t)k->ids[i].ctime_ns) * 1099511628211ull;
 	}
 	for (const char *p = t.root; *p != '\0'; p++)
 		h = (h ^ (unsigned char)*p) * 1099511628211ull;

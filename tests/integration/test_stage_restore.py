@@ -169,7 +169,7 @@ def walk(desc):
             string(), take(4 + 1 + 8 + 8)   # owner, inode known, dev, ino
             take(num(2)), take(8)           # its place, mode, directory length
             if version >= 10:               # what its path named, kept files
-                take(1), take(20 * num(4))
+                take(1), take(28 * num(4))  # each uid, dev, ino, ctime
         tails.append((at, p - at))
     assert p == len(desc)
     return found, holders, artifacts, tails, named

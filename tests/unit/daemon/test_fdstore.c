@@ -1383,8 +1383,8 @@ test_version_9_trees(void **state)
 	fdstore_free(d);
 }
 
-/* m's tree's kept files: n of them (uid 1000 + k, dev 2049, ino 500 + k),
- * and what its path named. */
+/* m's tree's kept files: n of them (uid 1000 + k, dev 2049, ino 500 + k,
+ * a ctime of its own), and what its path named. */
 static void
 set_kept(struct fdstore_model *m, uint32_t n, uint8_t named)
 {
@@ -1398,7 +1398,7 @@ set_kept(struct fdstore_model *m, uint32_t n, uint8_t named)
 	assert_non_null(m->tree.kept);
 	for (uint32_t k = 0; k < n; k++)
 		m->tree.kept[k] = (struct fdstore_kept){ .uid = 1000 + k, .dev = 2049,
-			.ino = 500 + k };
+			.ino = 500 + k, .ctime_ns = 1765000000123456789 + k };
 }
 
 /* The offset of the one byte in which a and b (len bytes each) differ. */
@@ -1452,6 +1452,7 @@ test_version_10_named_and_kept(void **state)
 	assert_int_equal(back->models[2].tree.kept[2].uid, 1002);
 	assert_int_equal(back->models[2].tree.kept[2].dev, 2049);
 	assert_int_equal(back->models[2].tree.kept[2].ino, 502);
+	assert_int_equal(back->models[2].tree.kept[2].ctime_ns, 1765000000123456791);
 	assert_encodes_to(back, buf, len);
 	/* Every field counts in the comparison. */
 	back->models[0].generations[1].named = FDSTORE_NAMED_FILE;
@@ -1466,6 +1467,9 @@ test_version_10_named_and_kept(void **state)
 	back->models[2].tree.kept[1].ino++;
 	assert_false(fdstore_equal(d, back));
 	back->models[2].tree.kept[1].ino--;
+	back->models[2].tree.kept[1].ctime_ns++;
+	assert_false(fdstore_equal(d, back));
+	back->models[2].tree.kept[1].ctime_ns--;
 	back->models[2].tree.nkept = 2;
 	assert_false(fdstore_equal(d, back));
 	back->models[2].tree.nkept = 3;
@@ -1474,21 +1478,22 @@ test_version_10_named_and_kept(void **state)
 	back = NULL;
 
 	/* The bytes. The last model's tree ends them: what its path named (1),
-	 * its kept file count (4), 3 kept files of 20 bytes. */
+	 * its kept file count (4), 3 kept files of 28 bytes (uid, dev, ino,
+	 * ctime). */
 	bad_bytes(buf, len - 1, -EBADMSG, "model 2 (\"idle\"): tree kept file count: 3 records "
-		"cannot fit in the 59 bytes left");
-	bad_bytes(buf, len - 60, -EBADMSG, "tree kept file count: 3 records cannot fit");
-	bad_bytes(buf, len - 61, -EBADMSG, "tree kept file count: needs 4 bytes");
+		"cannot fit in the 83 bytes left");
+	bad_bytes(buf, len - 84, -EBADMSG, "tree kept file count: 3 records cannot fit");
+	bad_bytes(buf, len - 85, -EBADMSG, "tree kept file count: needs 4 bytes");
 	copy = malloc(len);
 	assert_non_null(copy);
 	memcpy(copy, buf, len);
-	put_u32(copy + len - 64, FDSTORE_MAX_KEPT + 1);
+	put_u32(copy + len - 88, FDSTORE_MAX_KEPT + 1);
 	bad_bytes(copy, len, -EBADMSG, "tree kept file count: 252, more than 251");
 	memcpy(copy, buf, len);
-	copy[len - 65] = 3;
+	copy[len - 89] = 3;
 	bad_bytes(copy, len, -EBADMSG, "model 2 (\"idle\"): tree path named: 3 is not 0 to 2");
 	memcpy(copy, buf, len);
-	copy[len - 65] = FDSTORE_NAMED_DIR;
+	copy[len - 89] = FDSTORE_NAMED_DIR;
 	if (fdstore_decode(copy, len, &back) != 0)
 		fail_msg("decode version 10: %s", error_get());
 	assert_int_equal(back->models[2].tree.named, FDSTORE_NAMED_DIR);
@@ -1508,7 +1513,7 @@ test_version_10_named_and_kept(void **state)
 		"is not 0 to 2");
 	/* Any one byte of the generations' named and the kept files flipped
 	 * is refused or encodes back to the flipped bytes. */
-	for (size_t i = len - 65; i <= len; i++) {
+	for (size_t i = len - 89; i <= len; i++) {
 		size_t k = i == len ? at : i;
 
 		memcpy(copy, buf, len);
@@ -1541,6 +1546,13 @@ test_version_10_named_and_kept(void **state)
 	assert_error(fdstore_check(d), -EINVAL, "model 1 (\"qwen\"): tree: no root, but its "
 		"other fields");
 	set_kept(&d->models[1], 0, FDSTORE_NAMED_UNRECORDED);
+	assert_int_equal(fdstore_check(d), 0);
+	/* Kept files only where the model describes no generation (its
+	 * generations tell their own: review rev217 L2). */
+	set_kept(&d->models[0], 1, FDSTORE_NAMED_DIR);
+	assert_error(fdstore_check(d), -EINVAL, "model 0 (\"llama\"): tree kept files: 1 with 3 "
+		"generations described (recorded only where none is)");
+	set_kept(&d->models[0], 0, FDSTORE_NAMED_UNRECORDED);
 	assert_int_equal(fdstore_check(d), 0);
 
 	/* No generation records what its path named, no tree kept files:

@@ -34,6 +34,7 @@
 
 #include "daemonutil.h"
 #include "base/error.h"
+#include "base/file.h"
 #include "base/path.h"
 #include "closer.h"
 #include "derive.h"
@@ -1243,6 +1244,92 @@ test_no_current_generation_keeps_the_files_its_tree_recorded(void **state)
 	free(log);
 }
 
+/* Whether m's loads in flight all ended. */
+static bool
+no_load(struct du *t, void *arg)
+{
+	const struct model_entry *e = registry_find(&t->reg, "m");
+
+	(void)arg;
+	return e == NULL || e->loading == 0;
+}
+
+/*
+ * m's file recorded as the tree's kept file (its owner, device and inode,
+ * and as its ctime its own less ctime_less ns), in a directory anyone may
+ * rename entries in (0777, not sticky: files_kept), no generation
+ * described; the restart's judged reload, run to its end. Its log.
+ */
+static char *
+kept_reload(struct fixture *f, int64_t ctime_less)
+{
+	struct fdstore_model *m = &f->s->desc->models[0];
+	struct fdstore_tree *t = &m->tree;
+	char *log, *dir = path_dir(f->file);
+	struct stat st;
+
+	assert_non_null(dir);
+	assert_int_equal(chmod(dir, 0777), 0);
+	assert_int_equal(stat(f->file, &st), 0);
+	no_current(f, 1);
+	assert_int_equal(t->nkept, 0);
+	assert_non_null(t->kept = calloc(1, sizeof(*t->kept)));
+	t->kept[0] = (struct fdstore_kept){ .uid = (uint32_t)st.st_uid,
+		.dev = (uint64_t)st.st_dev, .ino = (uint64_t)st.st_ino,
+		.ctime_ns = file_time_ns(&st.st_ctim) - ctime_less };
+	t->nkept = 1;
+	t->named = FDSTORE_NAMED_FILE;
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), RESTORE_MODEL_JUDGED);
+	restore_started(f->s, &f->t.reg);
+	assert_int_equal(registry_reload_watched(&f->t.reg, "m", NULL, NULL), 0);
+	du_run_until(&f->t, no_load, NULL);
+	log = du_log_stop(&f->t);
+	assert_int_equal(chmod(dir, 0700), 0);
+	free(dir);
+	return log;
+}
+
+/*
+ * Review rev217 L1: the kept files of a model left out of the store are
+ * held by nothing while wcached is down, and ext4 gives a freed inode
+ * number to the next file made. A file at the kept file's device and inode
+ * whose ctime is not the recorded one (a file made since: a ctime only
+ * moves forward) is not the file it served: where others may rename
+ * entries in beside it, its reload waits for the operator's. Before, the
+ * device and inode were all that was compared, and the file was loaded as
+ * generation 2.
+ */
+static void
+test_a_kept_inode_with_another_ctime_is_not_taken(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	char *log = kept_reload(f, 1000000000);
+
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_null(e->current);
+	assert_null(strstr(log, "model \"m\": generation 2 from"));
+	assert_non_null(strstr(log, "is not one of the files serving (another inode, or its inode "
+		"with another ctime"));
+	free(log);
+}
+
+/* Its control: the same kept file with its own ctime loads again. */
+static void
+test_a_kept_inode_with_its_ctime_is_taken(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_entry *e;
+	char *log = kept_reload(f, 0);
+
+	assert_non_null(e = registry_find(&f->t.reg, "m"));
+	assert_non_null(e->current);
+	assert_non_null(strstr(log, "model \"m\": generation 2 from"));
+	free(log);
+}
+
 /*
  * The same from a store that records no tree (written by a wcached before
  * format version 9): nothing tells what its path names now is the tree it
@@ -1584,6 +1671,10 @@ main(void)
 			test_no_current_generation_is_judged_against_its_tree, setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_no_current_generation_keeps_the_files_its_tree_recorded, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_kept_inode_with_another_ctime_is_not_taken, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_kept_inode_with_its_ctime_is_taken, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_no_current_generation_and_no_tree_waits,
 			setup, teardown),
