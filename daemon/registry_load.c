@@ -482,17 +482,42 @@ file_of(const struct load_request *q, size_t i, const struct stat **st, const ch
  * generation it replaces: the tree rules ask where a file's name is, not
  * whose the inode is, and a file another user renamed (or hard-linked)
  * into the tree was served as its owner's model (review rev187 R3). A
- * model with no generation has no owners to keep: the place it waits at
+ * file of the tree's owner is taken only where that owner owns a file
+ * serving too, or alone may write where the files lie (only_writer): in
+ * root's team place (1775) holding a deployer's model, her index renamed
+ * over hers could name root's private file beside it (review rev218 H1).
+ * A model with no generation has no owners to keep: the place it waits at
  * says which files it takes (at_place). The first file that is neither's
  * in *name and *st.
  */
 static int
 same_owners(const struct load_request *q, const char **name, const struct stat **st)
 {
+	int tree_owners = kept_owner(q, q->root_uid) || only_writer(q, q->root_uid);
+
 	for (size_t i = 0; q->nkeep_owners > 0 && file_of(q, i, st, name); i++)
-		if ((*st)->st_uid != q->root_uid && !kept_owner(q, (*st)->st_uid))
+		if (!kept_owner(q, (*st)->st_uid) &&
+			((*st)->st_uid != q->root_uid || !tree_owners))
 			return 0;
 	return 1;
+}
+
+/* q->message for the file same_owners refused (name, st). */
+static void
+same_owners_said(struct load_request *q, const char *name, const struct stat *st)
+{
+	if (st->st_uid != q->root_uid)
+		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, not "
+			"by the owner of its tree %s (uid %u) nor of the files serving: another "
+			"user's file in the tree is served only after " OPERATORS_WORD, name,
+			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
+	else
+		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, the "
+			"owner of its tree %s, who owns none of the files serving, in a directory "
+			"others than that owner may write in (or one that could not be told): "
+			"another user's model may name a file of the tree's owner beside it, so "
+			"it is served only after " OPERATORS_WORD, name, (unsigned)st->st_uid,
+			q->root, q->name);
 }
 
 /* A uid's groups as the user database tells them (its primary group and
@@ -1120,10 +1145,7 @@ same_tree(struct load_request *q)
 			"after " OPERATORS_WORD, q->path, (unsigned)q->source.files[0].st.st_uid,
 			(unsigned)q->keep_file_uid, q->name);
 	else if ((same = same_owners(q, &file, &st)) == 0)
-		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, not by "
-			"the owner of its tree %s (uid %u) nor of the files serving: another "
-			"user's file in the tree is served only after " OPERATORS_WORD, file,
-			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
+		same_owners_said(q, file, st);
 	else if ((same = files_kept(q, &file, &st)) == 0)
 		snprintf(q->message, sizeof(q->message), "its file %s is not one of the files "
 			"serving (another inode, or its inode with another ctime: a file made at "

@@ -3,8 +3,11 @@ and a tree root renamed over in a group-writable place (M1), against the
 real unprivileged wcached (as test_tree_links.py). Each served root's
 private model as "llama" before the fix (89d0897). Review rev216 H1: a
 link followed because its maker owns files serving (not the tree: root's)
-renamed to root's private model beside the tree."""
+renamed to root's private model beside the tree. Review rev218 H1: her
+index renamed over hers in root's team place naming root's private file
+beside it (no link moves)."""
 import contextlib
+import json
 import os
 import subprocess
 
@@ -13,7 +16,7 @@ import pytest
 from conftest import Daemon, mkmodel
 from test_tree_links import secret_not_served
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice,
-                              as_bob, made_by, pytestmark, roots_private_model, served,
+                              as_bob, as_user, made_by, pytestmark, roots_private_model, served,
                               sharded_model, warm_restart)
 
 __all__ = ["pytestmark"]
@@ -258,3 +261,73 @@ def test_her_link_to_roots_private_sibling_while_down_waits(tmp_path):
     warm_restart(tmp_path, {"llama": path}, "llama", then,
                  lambda: as_alice("ln -s %s .n && mv -T .n current" % target,
                                   os.path.dirname(path)))
+
+
+def her_model_in_roots_team_place_beside_roots_file(tmp_path):
+    """root's team place team2 (1775, GROUP) holding alice's sharded model
+    straight in it (her index and shard) and root's private one-file model
+    rootsecret.safetensors (0640 root:wcached's group: wcached reads it,
+    alice may not), and .idx-alice, an index of hers naming root's file for
+    each of its tensors (their names are no secret; root writes it here, as
+    she cannot read the header): team2, root's file."""
+    team2 = made_by(tmp_path / "team2", 0, 0o1775)
+    sharded_model(team2, mkmodel(os.path.join(team2, "in.safetensors"), seed=1))
+    for n in ("s.safetensors", "model.safetensors.index.json"):
+        os.chown(os.path.join(team2, n), ALICE_UID, GROUP)
+    secret = mkmodel(os.path.join(team2, "rootsecret.safetensors"), layers=3, seed=2)
+    os.chown(secret, 0, WCACHED_GID)
+    os.chmod(secret, 0o640)
+    r = subprocess.run(as_user(ALICE_UID, GROUP) + ["cat", secret], capture_output=True)
+    assert r.returncode != 0, "alice may read root's private file"
+    with open(secret, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    idx = os.path.join(team2, ".idx-alice")
+    with open(idx, "w") as f:
+        json.dump({"weight_map": {n: "rootsecret.safetensors" for n in header
+                                  if n != "__metadata__"}}, f)
+    os.chown(idx, ALICE_UID, GROUP)
+    return str(team2), secret
+
+
+def assert_roots_file_waits(line, path, team2):
+    """line is the refusal naming root's file (at path/, as opened) for its
+    owner: the tree's, who owns none of the files serving."""
+    secret = os.path.join(path, "rootsecret.safetensors")
+    assert "its file %s is owned by uid 0, the owner of its tree %s, who owns none of " \
+        "the files serving" % (secret, team2) in line, line
+
+
+@pytest.mark.parametrize("how", ["through-her-link", "team-place-configured"])
+def test_her_index_over_hers_naming_roots_file_in_roots_team_place_waits(tmp_path, how):
+    """Review rev218 H1: no link moves (makers_move does not run), the
+    tree is the same, and root owns it: same_owners took root's file as
+    the tree owner's, and wcached's own reload served root's private model
+    as her generation 2. A file of the tree's owner who owns no file
+    serving, in a directory others may write in, waits for the operator."""
+    team2, secret = her_model_in_roots_team_place_beside_roots_file(tmp_path)
+    path = team2
+    if how == "through-her-link":
+        aplace = made_by(tmp_path / "aplace", ALICE_UID)
+        as_alice("ln -s ../team2 cur", aplace)
+        path = os.path.join(aplace, "cur")
+    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice("mv .idx-alice model.safetensors.index.json", team2)
+        line = secret_not_served(d, secret, how, r"its |.*symbolic link|generation 2 ")
+        assert_roots_file_waits(line, path, team2)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_her_index_naming_roots_file_in_roots_team_place_while_down_waits(tmp_path):
+    """rev218 H1 at a warm restart: her index renamed while wcached
+    restarts; the restart's reload waits as the watched one does."""
+    team2, secret = her_model_in_roots_team_place_beside_roots_file(tmp_path)
+
+    def then(d, line):
+        assert "generation 1 restored" in line, d.read_log()
+        line = secret_not_served(d, secret, "while down", r"its |generation 2 ")
+        assert_roots_file_waits(line, team2, team2)
+    warm_restart(tmp_path, {"llama": team2}, "llama", then,
+                 lambda: as_alice("mv .idx-alice model.safetensors.index.json", team2))
