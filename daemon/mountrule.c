@@ -545,12 +545,40 @@ fd_attached(struct mountrule_walk *w, int fd)
 }
 
 /*
+ * Whether name, walked by the judged walk in the run w (NULL: one of its
+ * own), reaches the very file fd holds (its device and inode, as the
+ * kernel has them: no server asked): 0; -ESTALE where it reaches another;
+ * the walk's -errno where it reaches none.
+ */
+static int
+same_file_at(struct mountrule_walk *w, int fd, const char *name)
+{
+	struct statx a, b;
+	int wfd = mountrule_open(w, name, NULL, 0), e;
+
+	if (wfd < 0)
+		return wfd;
+	/* Identities as cached (AT_STATX_DONT_SYNC): no server asked. */
+	e = statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &a) != 0 ||
+		statx(wfd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &b) != 0 ? -errno :
+		(a.stx_mask & b.stx_mask & STATX_INO) == 0 ? -ENOTSUP :
+		a.stx_dev_major != b.stx_dev_major || a.stx_dev_minor != b.stx_dev_minor ||
+		a.stx_ino != b.stx_ino ? -ESTALE : 0;
+	close(wfd);
+	return e;
+}
+
+/*
  * mountrule_fd_realpath and mountrule_fd_name: the kernel's name for the
  * file fd holds (readlink(2) of /proc/self/fd/N), then its mount checked
  * attached (fd_attached: after the read, so that the name was read while
- * it was; a detached mount is never attached again). removed NULL: a
- * name ending " (deleted)" is refused (ENOENT); else it is given without
- * it, *removed set.
+ * it was; a detached mount is never attached again), then the name
+ * walked (same_file_at): taken only where that reaches the descriptor's
+ * own file, since an attached mount can name a file that is not there
+ * too: one reached through a bind mount of a subdirectory and moved out
+ * of it is "/" (review rev217 M3). removed NULL: a name ending
+ * " (deleted)" is refused (ENOENT); else it is given without it, *removed
+ * set, and not walked (a removed file is at no name).
  */
 static char *
 fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char *why,
@@ -561,7 +589,7 @@ fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char 
 	ssize_t n;
 	size_t d = sizeof(deleted) - 1;
 	bool gone = false;
-	int e, attached = 0;
+	int e, attached = 0, walked = 0;
 
 	if (why == NULL)
 		len = 0;
@@ -579,7 +607,11 @@ fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char 
 	if (e == 0 && (e = -(attached = fd_attached(w, fd))) == 0) {
 		if (removed != NULL && (*removed = gone))
 			name[n - (ssize_t)d] = '\0';
-		return name; /* its PATH_MAX bytes */
+		/* A removed file's name cannot be walked to it: given as the
+		 * path it was removed from (mountrule_fd_name's). */
+		if (gone || (walked = same_file_at(w, fd, name)) == 0)
+			return name; /* its PATH_MAX bytes */
+		e = walked == -ENOMEM ? ENOMEM : ENOENT;
 	}
 	if (len > 0 && e == ENAMETOOLONG)
 		snprintf(why, len, "%s: its real path is %d bytes or more: it cannot be told",
@@ -588,6 +620,12 @@ fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char 
 		snprintf(why, len, "%s: the file the walk reached is on a mount gone from %s "
 			"(detached: umount -l; the kernel names it %.*s, from that mount's own "
 			"root)", path, MOUNTINFO, (int)(n > 200 ? 200 : n), name);
+	else if (len > 0 && walked < 0)
+		snprintf(why, len, "%s: the kernel names the file the walk reached %.*s, and a "
+			"walk of that name %s (a bind mount's file moved out of its subtree, or "
+			"another mount namespace's name): its real path cannot be told", path,
+			(int)(n > 200 ? 200 : n), name, walked == -ESTALE ? "reaches another file" :
+			"reaches no file");
 	else if (len > 0 && attached < 0)
 		snprintf(why, len, "%s: whether the mount of the file the walk reached is "
 			"attached cannot be told (%s)", path, strerror(e));
@@ -602,37 +640,98 @@ fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed, char 
 	return NULL;
 }
 
+/* fd_name in the run w, or in one of its own (w NULL): the mount table
+ * read once for its check and its walk. */
+static char *
+fd_name_in(struct mountrule_walk *w, int fd, const char *path, bool *removed, char *why,
+	size_t len)
+{
+	struct mountrule_walk own;
+	char *name;
+	int e;
+
+	if (w != NULL)
+		return fd_name(w, fd, path, removed, why, len);
+	mountrule_walk_init(&own);
+	name = fd_name(&own, fd, path, removed, why, len);
+	e = errno;
+	mountrule_walk_end(&own);
+	errno = e;
+	return name;
+}
+
 char *
 mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
 	size_t len)
 {
-	return fd_name(w, fd, path, NULL, why, len);
+	return fd_name_in(w, fd, path, NULL, why, len);
 }
 
 char *
 mountrule_fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed,
 	char *why, size_t len)
 {
-	return fd_name(w, fd, path, removed, why, len);
+	return fd_name_in(w, fd, path, removed, why, len);
+}
+
+char *
+mountrule_fd_under(struct mountrule_walk *w, int fd, const char *dir, unsigned depth)
+{
+	char link[32], *name, *tail, *at = NULL;
+	unsigned seen = 0;
+	ssize_t n;
+	int e = ENOENT;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if ((name = malloc(PATH_MAX)) == NULL)
+		return NULL;
+	n = readlink(link, name, PATH_MAX);
+	if (n > 0 && n < PATH_MAX && name[0] == '/' && depth > 0) {
+		name[n] = '\0';
+		/* The last depth names: the kernel's, from whichever root. */
+		tail = NULL;
+		for (char *q = name + n - 1; q >= name; q--)
+			if (*q == '/' && ++seen == depth) {
+				tail = q + 1;
+				break;
+			}
+		if (tail == NULL || tail[0] == '\0' || name[n - 1] == '/' ||
+			asprintf(&at, "%s/%s", dir, tail) < 0)
+			at = NULL;
+		else if ((e = -same_file_at(w, fd, at)) != 0) {
+			free(at);
+			at = NULL;
+		}
+	} else if (n < 0) {
+		e = errno;
+	}
+	free(name);
+	if (at == NULL)
+		errno = e;
+	return at;
 }
 
 char *
 mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len)
 {
-	char *real;
+	struct mountrule_walk own;
+	char *real = NULL;
 	int fd, e;
 
 	if (why != NULL && len > 0)
 		why[0] = '\0';
-	if ((fd = mountrule_open(w, path, why, len)) < 0) {
+	/* One run for the walk, the check and the walk of the name. */
+	mountrule_walk_init(&own);
+	if ((fd = mountrule_open(w != NULL ? w : &own, path, why, len)) < 0) {
 		if (why != NULL && len > 0 && why[0] == '\0')
 			snprintf(why, len, "%s: %s", path, strerror(-fd));
-		errno = -fd;
-		return NULL;
+		e = -fd;
+	} else {
+		real = fd_name(w != NULL ? w : &own, fd, path, NULL, why, len);
+		e = errno;
+		close(fd);
 	}
-	real = mountrule_fd_realpath(w, fd, path, why, len);
-	e = errno;
-	close(fd);
+	mountrule_walk_end(&own);
 	errno = e;
 	return real;
 }

@@ -146,7 +146,11 @@ int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *de
  * the descriptor's mount is attached: statmount(2) finds it in this
  * namespace (Linux 6.8), or else its mount ID (statx STATX_MNT_ID,
  * AT_STATX_DONT_SYNC) is in the mount table (w's; NULL: one read for the
- * call). A malloc'd string; or NULL with errno: the walk's error (EXDEV
+ * call), and where a judged walk of that name (in the same run) reaches
+ * the descriptor's own file, its device and inode (review rev217 M3: a
+ * file reached through a bind mount of a subdirectory and moved out of
+ * it is on an attached mount, and the kernel names it "/"; the second
+ * walk costs about what the first does). A malloc'd string; or NULL with errno: the walk's error (EXDEV
  * with why set, as mountrule_open sets it), ENAMETOOLONG where the name
  * does not fit PATH_MAX, ENOENT where the kernel says the file was removed
  * (its name ends " (deleted)": one whose own name ends so counts as
@@ -154,7 +158,8 @@ int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *de
  * the mount table does not list its mount: one detached since the walk
  * (umount -l), or another namespace's, whose files the kernel names from
  * that mount's own root, "/llama/model.safetensors", a path here that is
- * not the file (review rev215 L1); the table's -errno where it cannot be
+ * not the file (review rev215 L1), or where the walk of the name reaches
+ * another file or none; the table's -errno where it cannot be
  * read; why set for those too. On kernels before 5.8, which give no mount
  * ID, the name is taken as the kernel gives it (a device cannot tell a
  * detached mount: README, "Not yet safe").
@@ -162,14 +167,27 @@ int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *de
  * load's own, before it closes it), in the run w (NULL: none).
  * mountrule_fd_name: mountrule_fd_realpath, but a removed file's name is
  * given too, its " (deleted)" taken off and *removed set (false where it
- * was not): the path it was removed from (a warm restart's stored staged
- * copy, found under stage_dir by that name).
+ * was not), not walked: the path it was removed from (a warm restart's
+ * stored staged copy removed since, found under stage_dir by that name).
  */
 char *mountrule_realpath(struct mountrule_walk *w, const char *path, char *why, size_t len);
 char *mountrule_fd_realpath(struct mountrule_walk *w, int fd, const char *path, char *why,
 	size_t len);
 char *mountrule_fd_name(struct mountrule_walk *w, int fd, const char *path, bool *removed,
 	char *why, size_t len);
+
+/*
+ * The path under dir of the file fd holds, found by its identity, not
+ * by the kernel's name for it: that name's last depth names (the only
+ * part of it used; it may be another mount namespace's, whose mounts are
+ * detached here, or a removed file's) joined to dir, walked in the run w
+ * (NULL: one of its own), and taken only where the walk reaches fd's own
+ * file (st_dev, st_ino). For a descriptor a previous process stored: each
+ * start of wcached.service has a mount namespace of its own (review
+ * rev217 M1). A malloc'd string; or NULL with errno (ENOENT: not there,
+ * ESTALE: another file is, or the walk's).
+ */
+char *mountrule_fd_under(struct mountrule_walk *w, int fd, const char *dir, unsigned depth);
 
 /* Sets tree.h's tree_mounts and shards.h's shards_name_rule to wcached's
  * rule (the name rule's run: the listing's mount table, a struct fs_table

@@ -121,18 +121,36 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 	return 0;
 }
 
-/* The path of the open file fd as /proc/self/fd names it (links
- * resolved; mountrule_fd_name: none where its mount is no longer in the
- * mount table, a detached one's name, review rev215 L1), without a
- * " (deleted)" a removal left (a staged copy swept is still a copy), into
- * buf (len bytes): 0, or -1 when it has none. */
+/*
+ * The path of the stored file fd, into buf (len bytes): 0, or -1 when it
+ * has none. Under stage_dir (not NULL) it is found by identity: the copy
+ * stage_dir/<model>.<n>/<file> (stage.h) that holds fd's very file
+ * (mountrule_fd_under), whatever the kernel calls it: the descriptor was
+ * stored by a previous process, and under wcached.service each start has
+ * a mount namespace of its own, so the kernel's name for it is that
+ * namespace's, its mount detached here (review rev217 M1). Else the
+ * kernel's name where it is this namespace's and a walk of it reaches the
+ * file (mountrule_fd_name; review rev215 L1, rev217 M3; stage_dir NULL
+ * only), or the path it was removed from (a staged copy swept is still a
+ * copy).
+ */
 static int
-fd_path(int fd, char *buf, size_t len)
+fd_path(int fd, const char *stage_dir, char *buf, size_t len)
 {
 	bool removed;
-	char *name = mountrule_fd_name(NULL, fd, "a stored file", &removed, NULL, 0);
-	int r = name != NULL && (size_t)snprintf(buf, len, "%s", name) < len ? 0 : -1;
+	char *name = stage_dir != NULL ? mountrule_fd_under(NULL, fd, stage_dir, 2) : NULL;
+	struct statx sx;
+	int r;
 
+	/* Not under stage_dir: only a removed file's name there (no walk of
+	 * it, and its link count as cached, no server asked: a live file's
+	 * name elsewhere would be walked, and reserve() asks on the loop, of
+	 * files on a server that may hang). */
+	if (name == NULL && (stage_dir == NULL ||
+		(statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_NLINK, &sx) == 0 &&
+			(sx.stx_mask & STATX_NLINK) != 0 && sx.stx_nlink == 0)))
+		name = mountrule_fd_name(NULL, fd, "a stored file", &removed, NULL, 0);
+	r = name != NULL && (size_t)snprintf(buf, len, "%s", name) < len ? 0 : -1;
 	free(name);
 	return r;
 }
@@ -148,7 +166,7 @@ restore_staged_copy(const char *stage_dir, int fd, char **copy)
 	char buf[PATH_MAX], *dir = NULL;
 	int r;
 
-	if (stage_dir == NULL || fd_path(fd, buf, sizeof(buf)) < 0)
+	if (stage_dir == NULL || fd_path(fd, stage_dir, buf, sizeof(buf)) < 0)
 		return 0;
 	if ((r = stage_dir_of(stage_dir, buf, &dir)) <= 0)
 		return r;
@@ -162,19 +180,27 @@ restore_staged_copy(const char *stage_dir, int fd, char **copy)
  * Is the stored file fd (described by f), which is not under stage_dir, a
  * staged copy all the same, one the description gives an origin (the file
  * it was copied from)? Then stage_dir changed since it was staged (a
- * reload, or the configuration between two runs): the copy is in the
- * stage_dir of before, which no sweep visits. 1 with the message saying
- * so (not that the model's file was replaced, as comparing the copy with
- * it would say), else 0.
+ * reload, or the configuration between two runs), or the copy was
+ * removed from it: the copy is not used. 1 with the message saying so
+ * (not that the model's file was replaced, as comparing the copy with it
+ * would say), naming the directory no sweep visits where this mount
+ * namespace names it (a previous start's may not: each start of
+ * wcached.service has its own, review rev217 M1), else 0.
  */
 static int
 staged_elsewhere(const char *stage_dir, int fd, const struct fdstore_file *f)
 {
 	char buf[PATH_MAX], *dir;
 
-	if ((f->origin_dev == 0 && f->origin_ino == 0) || fd_path(fd, buf, sizeof(buf)) < 0 ||
-		(dir = path_dir(buf)) == NULL)
+	if (f->origin_dev == 0 && f->origin_ino == 0)
 		return 0;
+	if (fd_path(fd, NULL, buf, sizeof(buf)) < 0 || (dir = path_dir(buf)) == NULL) {
+		error_set(-EINVAL, "it is a staged copy not found in stage_dir %s (stage_dir "
+			"changed since it was staged, or the copy was removed; where it is cannot "
+			"be told in this mount namespace): the copy is not used",
+			stage_dir != NULL ? stage_dir : "(none)");
+		return 1;
+	}
 	error_set(-EINVAL, "its staged copy %s is not in stage_dir %s (stage_dir changed since "
 		"it was staged): the copy is not used, and no sweep removes %s: remove it by hand",
 		buf, stage_dir != NULL ? stage_dir : "(none)", dir);
@@ -635,7 +661,8 @@ restore_tell_files(struct restore_prepared *p, const char *stage_dir, const char
 	k.named_told = g->named != FDSTORE_NAMED_UNRECORDED;
 	if (k.named_told)
 		k.named_file = g->named == FDSTORE_NAMED_FILE;
-	else if (g->nfiles == 1 && root != NULL && fd_path(p->fds[0], buf, sizeof(buf)) == 0 &&
+	else if (g->nfiles == 1 && root != NULL &&
+		fd_path(p->fds[0], NULL, buf, sizeof(buf)) == 0 &&
 		(dir = path_dir(buf)) != NULL) {
 		k.named_file = strcmp(dir, root) == 0;
 		free(dir);
@@ -808,10 +835,12 @@ walk_why(int fd, const char *why)
  * it names, allocated; NULL when neither is the origin (or it was not
  * recorded: version 3), p->tree_why saying so, and why: the walk's own
  * reason where it was refused or found nothing (review rev211 L3).
- * Nothing is looked up by name (review rev210 H1).
+ * Nothing is looked up by name (review rev210 H1). The copy's own name is
+ * its file's under stage_dir, found by identity (fd_path).
  */
 static char *
-copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *path)
+copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *path,
+	const char *stage_dir)
 {
 	const struct fdstore_file *f = &p->g->files[0];
 	char buf[PATH_MAX], why[MOUNTRULE_WHY], *real = NULL, *dir = NULL, *at = NULL;
@@ -825,7 +854,8 @@ copy_origin(struct restore_prepared *p, struct mountrule_walk *w, const char *pa
 			"copied from: stored by an older wcached");
 		return NULL;
 	}
-	if (fd_path(p->fds[0], buf, sizeof(buf)) < 0 || (name = strrchr(buf, '/')) == NULL) {
+	if (fd_path(p->fds[0], stage_dir, buf, sizeof(buf)) < 0 ||
+		(name = strrchr(buf, '/')) == NULL) {
 		origin_gone(p, path, "the copy's own name cannot be told");
 		return NULL;
 	}
@@ -922,7 +952,7 @@ restore_stored_tree(struct restore_prepared *p, const char *path, const char *st
 	mountrule_walk_init(&w);
 	/* A staged copy's tree is its origin's, where the path leads to it. */
 	copy = stored_copy(p, 0, stage_dir);
-	file = copy ? copy_origin(p, &w, path) : stored_file_at_path(p, &w, path);
+	file = copy ? copy_origin(p, &w, path, stage_dir) : stored_file_at_path(p, &w, path);
 	free(p->tree_root);
 	p->tree_root = file != NULL ? judged_tree_root(&w, file, &p->tree_uid, &st) : NULL;
 	if (file != NULL && p->tree_root == NULL)

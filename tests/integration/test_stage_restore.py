@@ -362,17 +362,39 @@ def test_a_source_rewritten_with_its_size_and_mtime_while_down_is_staged_again(t
     assert code == 0, d.read_log()
 
 
-def test_a_held_staged_generation_keeps_its_origin(tmp_path):
+def in_namespace(bind=None):
+    """start()'s prefix: wcached in a mount namespace of its own (each start
+    of wcached.service has one: PrivateTmp=, ProtectSystem=strict), bind, if
+    given, mounted on itself there first (how systemd makes CacheDirectory=
+    writable under ProtectSystem=strict)."""
+    pre = f"mount --bind {bind} {bind} && " if bind else ""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", pre + 'exec "$@"', "sh"]
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces: root's")
+
+
+@pytest.mark.parametrize("bind", [None, pytest.param(True, marks=ROOT_ONLY)],
+                         ids=["", "namespace+bind"])
+def test_a_held_staged_generation_keeps_its_origin(tmp_path, bind):
     """A generation held by a worker when wcached stops, its source since
     replaced: restored as held (its copy serves its holder), and described
-    again with the origin it was copied from, not the file now there."""
-    src, mgr, d, _ = staged_model(tmp_path, hold=60)
+    again with the origin it was copied from, not the file now there. Each
+    wcached in a mount namespace of its own too, stage_dir bind-mounted on
+    itself (wcached.service's CacheDirectory=): the copy's own name, which
+    its origin's is found by, is found by identity under stage_dir (review
+    rev217 M1: "the copy's own name cannot be told")."""
+    src, mgr, d, stage = staged_model(tmp_path, hold=60)
+    prefix = ()
+    if bind:
+        os.mkdir(stage)
+        prefix = in_namespace(stage)
     old_bytes = str(tmp_path / "old-bytes.safetensors")
     with open(src, "rb") as a, open(old_bytes, "wb") as b:
         b.write(a.read())
     first = os.stat(src)
     try:
-        start(d, mgr)
+        start(d, mgr, prefix=prefix)
         wait_until(lambda: ready(d, "m"), what="m ready")
         holder = worker(d, old_bytes, "m")
         tmp = tmp_path / "next.safetensors"
@@ -386,7 +408,7 @@ def test_a_held_staged_generation_keeps_its_origin(tmp_path):
         assert d.stop() == 0, d.read_log()
         with mgr.lock:
             stored = descriptions_stored(mgr)
-        start(d, mgr, *mgr.listen_fds())
+        start(d, mgr, *mgr.listen_fds(), prefix=prefix)
         wait_until(lambda: ready(d, "m"), what="m restored")
         log = d.read_log()
         assert 'generation 1, held by workers before the restart, restored' in log, log
@@ -524,6 +546,45 @@ def test_a_stage_key_changed_across_a_restart_is_applied(tmp_path):
         assert staged() == ("no", [False])
         wait_until(lambda: set(model_fds(d.proc.pid)) == {src}, what="only the source open")
         wait_until(lambda: entries(stage_dir) == [], what="the copy m.2 removed")
+        verify(d, src)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("bind", [False, True], ids=["namespace", "namespace+bind"])
+def test_a_staged_copy_is_kept_across_a_restart_in_a_mount_namespace_of_its_own(tmp_path,
+                                                                             bind):
+    """Each wcached in a mount namespace of its own, as wcached.service
+    starts it: the descriptors the store gives back are on the previous
+    start's mounts, detached with its namespace, and the kernel names them
+    from those mounts' roots. The copy was not recognised (its name refused,
+    or, with stage_dir bind-mounted, taken from the bind mount's root:
+    "its staged copy /m.1/m.safetensors is not in stage_dir"): swept, and
+    the model copied again at each restart (review rev217 M1). Found by
+    its identity under stage_dir, it is kept, as without namespaces."""
+    src, mgr, d, stage = staged_model(tmp_path)
+    os.mkdir(stage)
+    prefix = in_namespace(stage if bind else None)
+    try:
+        start(d, mgr, prefix=prefix)
+        wait_until(lambda: ready(d, "m"), what="m ready")
+        mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
+                     what="generation 1 stored")
+        copy = os.path.join(stage, "m.1")
+        first = os.stat(os.path.join(copy, "m.safetensors"))
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds(), prefix=prefix)
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        log = d.read_log()
+        assert f'model "m": generation 1 keeps its staged copy {copy}' in log, log
+        assert "staged from" not in log and "removed" not in log, log
+        assert "not restored" not in log and "warning" not in log, log
+        assert generation(d) == 1 and entries(stage) == ["m.1"]
+        again = os.stat(os.path.join(copy, "m.safetensors"))
+        assert (again.st_dev, again.st_ino) == (first.st_dev, first.st_ino)
         verify(d, src)
     finally:
         code = d.stop()

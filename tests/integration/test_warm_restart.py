@@ -37,9 +37,10 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-def start(d, mgr, fds=(), names=(), user=None):
+def start(d, mgr, fds=(), names=(), user=None, prefix=()):
     """Starts d's wcached as mgr's service, with the stored fds (named
-    names); user (uid, gid) runs it as that user, unprivileged (as_user)."""
+    names); user (uid, gid) runs it as that user, unprivileged (as_user);
+    prefix: a command it runs under (argv ending where wcached's begins)."""
     env = dict(os.environ)
     env.pop("FDSTORE", None)
     env.update(mgr.env())   # $NOTIFY_SOCKET, and $FDSTORE for a manager with a limit
@@ -48,7 +49,7 @@ def start(d, mgr, fds=(), names=(), user=None):
         env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
     d.logf = open(d.log, "w")
     d.lines, d._log_offset, d._log_tail = [], 0, b""  # a new log: wait_for_log starts over
-    cmd = [*(as_user(*user) if user else ()), sys.executable, "-c", WRAPPER,
+    cmd = [*prefix, *(as_user(*user) if user else ()), sys.executable, "-c", WRAPPER,
            ",".join(map(str, fds)), binary("wcached"), "-c", d.conf]
     d.proc = subprocess.Popen(cmd, stderr=d.logf, env=env, pass_fds=list(fds))
     for fd in fds:

@@ -713,6 +713,34 @@ test_realpath(void **state)
 	assert_int_equal(system(rm), 0);
 }
 
+/* A test's mount namespace of its own (root only: else skipped), and dir
+ * a new directory. */
+static void
+in_own_namespace(void)
+{
+	if (geteuid() != 0)
+		skip(); /* mounts: root's */
+	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+		print_message("no mount namespace of the test's own (%s): skipped\n",
+			strerror(errno));
+		skip();
+	}
+	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
+	assert_non_null(mkdtemp(dir));
+}
+
+/* The kernel's name of descriptor fd (readlink of /proc/self/fd/N). */
+static void
+kernel_name(int fd, char *name, size_t len)
+{
+	char link[32];
+	ssize_t n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	assert_true((n = readlink(link, name, len - 1)) > 0);
+	name[n] = '\0';
+}
+
 /*
  * A file whose mount is detached (umount -l) after its walk: the kernel
  * names it from that mount's own root ("/llama/model.safetensors"), a
@@ -727,23 +755,14 @@ static void
 test_realpath_detached(void **state)
 {
 	char p[PATH_MAX], vol[PATH_MAX], rm[PATH_MAX + 16], why[MOUNTRULE_WHY], name[PATH_MAX];
-	char link[32];
+	char again[PATH_MAX];
 	struct mountrule_walk w;
 	bool removed = true;
 	char *r;
-	ssize_t n;
 	int fd, in_run;
 
 	(void)state;
-	if (geteuid() != 0)
-		skip(); /* mounts: root's */
-	if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
-		print_message("no mount namespace of the test's own (%s): skipped\n",
-			strerror(errno));
-		skip();
-	}
-	strcpy(dir, "/tmp/test_mountrule.XXXXXX");
-	assert_non_null(mkdtemp(dir));
+	in_own_namespace();
 	make_dir("vol");
 	at(vol, sizeof(vol), "vol");
 	assert_int_equal(mount("vol", vol, "tmpfs", 0, "size=1m"), 0);
@@ -765,11 +784,14 @@ test_realpath_detached(void **state)
 	assert_string_equal(r, p);
 	free(r);
 	no_statmount = 0;
+	/* The same filesystem mounted again elsewhere, as another mount
+	 * namespace's copy of it is (review rev217 M1). */
+	make_dir("again");
+	at(again, sizeof(again), "again");
+	assert_int_equal(mount(vol, again, NULL, MS_BIND, NULL), 0);
 	assert_int_equal(umount2(vol, MNT_DETACH), 0);
 	/* What the kernel says of it now: a "/..." name that is not it. */
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	assert_true((n = readlink(link, name, sizeof(name) - 1)) > 0);
-	name[n] = '\0';
+	kernel_name(fd, name, sizeof(name));
 	print_message("rev215 L1: detached, /proc/self/fd names it %s\n", name);
 	assert_string_equal(name, "/llama/model.safetensors");
 	errno = 0;
@@ -791,9 +813,112 @@ test_realpath_detached(void **state)
 	errno = 0;
 	assert_null(mountrule_fd_name(&w, in_run, p, &removed, why, sizeof(why)));
 	assert_int_equal(errno, ENOENT);
-	mountrule_walk_end(&w);
+	/* Found by identity under a directory of this namespace: the
+	 * kernel's last names, walked there, reach the very file. */
+	assert_non_null(r = mountrule_fd_under(NULL, fd, again, 2));
+	at(p, sizeof(p), "again/llama/model.safetensors");
+	assert_string_equal(r, p);
+	free(r);
+	assert_non_null(r = mountrule_fd_under(&w, in_run, again, 2));
+	assert_string_equal(r, p);
+	free(r);
+	/* Another file at that name, or none: not taken. */
+	make_dir("other");
+	make_dir("other/llama");
+	make_file("other/llama/model.safetensors");
+	at(p, sizeof(p), "other");
+	errno = 0;
+	assert_null(mountrule_fd_under(NULL, fd, p, 2));
+	assert_int_equal(errno, ESTALE);
+	at(p, sizeof(p), "again/llama");
+	errno = 0;
+	assert_null(mountrule_fd_under(NULL, fd, p, 2));
+	assert_int_equal(errno, ENOENT);
+	errno = 0;
+	assert_null(mountrule_fd_under(NULL, fd, again, 3)); /* "/llama/...": 2 names */
+	assert_int_equal(errno, ENOENT);
+	mountrule_walk_end(&w); /* its directory is again/llama's */
+	assert_int_equal(umount(again), 0);
 	close(in_run);
 	close(fd);
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	assert_int_equal(system(rm), 0);
+}
+
+/*
+ * A file and its directory reached through a bind mount of a
+ * subdirectory (team/ of a filesystem, on m/), then moved out of that
+ * subdirectory by someone who may rename in the filesystem: the mount is
+ * attached, and the kernel names both "/". That was taken as their real
+ * path (review rev217 M3); now a name is taken only where a walk of it
+ * reaches the descriptor's own file: ENOENT, why saying so, alone and in
+ * a run. As root, in a mount namespace of the test's own.
+ */
+static void
+test_realpath_moved_out_of_a_bind_mount(void **state)
+{
+	char p[PATH_MAX], d[PATH_MAX], fs[PATH_MAX], m[PATH_MAX], a[PATH_MAX], b[PATH_MAX];
+	char rm[PATH_MAX + 16], why[MOUNTRULE_WHY], name[PATH_MAX];
+	struct mountrule_walk w;
+	char *r;
+	int fd, dfd, in_run;
+
+	(void)state;
+	in_own_namespace();
+	make_dir("fs");
+	make_dir("m");
+	at(fs, sizeof(fs), "fs");
+	at(m, sizeof(m), "m");
+	assert_int_equal(mount("fs", fs, "tmpfs", 0, "size=1m"), 0);
+	make_dir("fs/team");
+	make_dir("fs/team/llama");
+	make_dir("fs/other");
+	make_file("fs/team/llama/model.safetensors");
+	at(p, sizeof(p), "fs/team");
+	assert_int_equal(mount(p, m, NULL, MS_BIND, NULL), 0);
+	at(p, sizeof(p), "m/llama/model.safetensors");
+	at(d, sizeof(d), "m/llama");
+	assert_true((fd = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
+	assert_true((dfd = mountrule_open(NULL, d, why, sizeof(why))) >= 0);
+	mountrule_walk_init(&w);
+	assert_true((in_run = mountrule_open(&w, p, why, sizeof(why))) >= 0);
+	assert_non_null(r = mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
+	assert_string_equal(r, p);
+	free(r);
+	assert_non_null(r = mountrule_fd_realpath(NULL, dfd, d, why, sizeof(why)));
+	assert_string_equal(r, d);
+	free(r);
+	at(a, sizeof(a), "fs/team/llama");
+	at(b, sizeof(b), "fs/other/llama");
+	assert_int_equal(rename(a, b), 0);
+	kernel_name(fd, name, sizeof(name));
+	print_message("rev217 M3: moved out of the bind's subtree, /proc/self/fd names it %s\n",
+		name);
+	assert_string_equal(name, "/");
+	errno = 0;
+	assert_null(mountrule_fd_realpath(NULL, fd, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(why, "the kernel names the file the walk reached /, and a walk "
+		"of that name reaches another file"));
+	errno = 0;
+	assert_null(mountrule_fd_realpath(NULL, dfd, d, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	errno = 0;
+	assert_null(mountrule_fd_realpath(&w, in_run, p, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	errno = 0;
+	assert_null(mountrule_fd_name(&w, in_run, p, NULL, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	/* "/" has no last name to look for anywhere. */
+	errno = 0;
+	assert_null(mountrule_fd_under(NULL, fd, b, 1));
+	assert_int_equal(errno, ENOENT);
+	mountrule_walk_end(&w);
+	close(in_run);
+	close(dfd);
+	close(fd);
+	assert_int_equal(umount(m), 0);
+	assert_int_equal(umount(fs), 0);
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	assert_int_equal(system(rm), 0);
 }
@@ -807,6 +932,7 @@ main(void)
 		cmocka_unit_test(test_listing_reads_once),
 		cmocka_unit_test(test_realpath),
 		cmocka_unit_test(test_realpath_detached),
+		cmocka_unit_test(test_realpath_moved_out_of_a_bind_mount),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
