@@ -986,7 +986,10 @@ def test_a_one_file_models_own_update_at_a_restart_still_loads(tmp_path, when):
             as_alice(update, shared)
         _, line = d.wait_for_log(r'model "alice": (its path|generation 2 from)', timeout=60)
         assert 'generation 2 from %s: 1 file, %d bytes' % (m, os.stat(m).st_size) in line, line
-        assert "generation 2" in d.attach("alice").stdout
+        # its line comes once validated, before it is current (h293 saw an
+        # attach served generation 1 there once)
+        wait_until(lambda: "generation 2" in d.attach("alice").stdout,
+                   what="alice's generation 2 current")
     tp_warm_restart(tmp_path, {"alice": m}, "alice", then,
                     lambda: as_alice(update, shared) if when == "while-down" else None)
 
