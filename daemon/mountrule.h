@@ -150,8 +150,9 @@ int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *de
  * the descriptor's own file, its device and inode (review rev217 M3: a
  * file reached through a bind mount of a subdirectory and moved out of
  * it is on an attached mount, and the kernel names it "/"; the second
- * walk costs about what the first does). A malloc'd string; or NULL with errno: the walk's error (EXDEV
- * with why set, as mountrule_open sets it), ENAMETOOLONG where the name
+ * walk costs about what the first does). A malloc'd string; or NULL with
+ * errno: the walk's error (EXDEV with why set, as mountrule_open sets
+ * it), ENAMETOOLONG where the name
  * does not fit PATH_MAX, ENOENT where the kernel says the file was removed
  * (its name ends " (deleted)": one whose own name ends so counts as
  * removed too) or gives no path ("anon_inode:...": not "/..."), or where
