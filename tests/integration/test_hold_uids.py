@@ -26,6 +26,7 @@ from conftest import TEST_USER, Daemon, as_user, binary, mkmodel, parse_user, wa
 from test_peer_security import ERROR, hold
 from test_restart import Worker
 from test_restart_held import current, generations, swap
+from test_stage_restore import description_in, walk
 from test_warm_restart import FakeManager, ready, start  # FakeManager: tests/pyutil
 
 # The daemon's user, and the workers' (uids no other test uses; they need
@@ -131,6 +132,13 @@ def test_hold_places_are_per_uid(tmp_path):
         assert attached(d, "a", 1) == 3 and attached(d, "b", 1) == 3, generations(d)
         mgr.wait_for(lambda m: all(f"wc-{s}-{n}-i" in m.store for s in (1, 2) for n in (1, 2)),
                      what="both generations of a and b stored")
+        # and described: the descriptors stored come before the description
+        # that names them, and a stop that found the manager's queue full
+        # (a loaded machine: ci68) left the one before it (b's generation 1
+        # alone, restored as current and not held)
+        mgr.wait_for(lambda m: "wc-desc" in m.store and
+                     [g for g, _, _ in walk(description_in(m.store))[0]].count(2) == 2,
+                     what="generation 2 of a and b described")
         restart(d, mgr)
         assert attached(d, "a", 1) == 0 and attached(d, "b", 1) == 0, generations(d)
 
