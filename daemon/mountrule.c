@@ -513,9 +513,9 @@ found_by_statmount(int fd)
 /*
  * Whether the mount of the file fd holds is attached: found by statmount
  * (found_by_statmount), or else its mount ID (statx AT_STATX_DONT_SYNC of
- * the descriptor: no server asked) in the mount table, w's (read again
- * where the kernel says the mounts changed since) or one read here (w
- * NULL), which alone refuses. 0; -ENOENT where no line has it, after one
+ * the descriptor: no server asked) in the run w's mount table (read again
+ * where the kernel says the mounts changed since; fd_name's callers always
+ * give a run), which alone refuses. 0; -ENOENT where no line has it, after one
  * reading again: the mount was detached (umount -l) or is another
  * namespace's, and the kernel names the file from that mount's own root
  * ("/llama/model.safetensors"), a path here that is not the file (review
@@ -528,10 +528,8 @@ found_by_statmount(int fd)
 static int
 fd_attached(struct mountrule_walk *w, int fd)
 {
-	struct fs_table own = FS_TABLE_INIT(MOUNTINFO);
 	struct fs_info fs;
 	struct statx sx;
-	int r;
 
 	if (found_by_statmount(fd))
 		return 0;
@@ -539,9 +537,7 @@ fd_attached(struct mountrule_walk *w, int fd)
 		return -errno;
 	if ((sx.stx_mask & STATX_MNT_ID) == 0)
 		return 0;
-	r = fstype_table_find_id(w != NULL ? &w->table : &own, sx.stx_mnt_id, &fs);
-	fstype_table_free(&own);
-	return r;
+	return fstype_table_find_id(&w->table, sx.stx_mnt_id, &fs);
 }
 
 /*
