@@ -26,12 +26,13 @@ from test_warm_restart import finish, ready, start, worker
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 
 
-def staged_model(tmp_path, hold=1):
+def staged_model(tmp_path, hold=1, where=None):
     """Model m (stage = yes), a fake manager and a daemon (not started):
     (its path, the manager, the daemon, stage_dir). hold: seconds a
     restarted daemon waits for the HOLDs of workers from before (they
-    never say it here: 1 s, not 60)."""
-    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    never say it here: 1 s, not 60). where: the directory of its file
+    (default tmp_path, $WCACHE_TEST_USER's where that is set)."""
+    src = mkmodel((where or tmp_path) / "m.safetensors", seed=1, **LAYERS)
     d = Daemon(tmp_path, {"m": (src, {"stage": "yes"})},
                extra=f"stage_dir = {tmp_path}/staged\nrestart_hold_seconds = {hold}\n")
     return src, FakeManager(str(tmp_path / "notify.sock")), d, str(tmp_path / "staged")
@@ -286,12 +287,20 @@ def test_a_generation_described_without_ctimes_loads_afresh(tmp_path, stage):
     a write in place whose writer put the mtime back while no wcached ran
     cannot be told, so the current generation loads afresh, once, staged or
     not; the next restart is warm again. Version 5 records each file's
-    st_ctim and st_nlink, and a copy's origin's st_ctim."""
-    src, mgr, d, stage_dir = staged_model(tmp_path)
+    st_ctim and st_nlink, and a copy's origin's st_ctim. Nor did version 4
+    record the model's tree (version 9 does): the restart takes the one its
+    stored file is found in only where that is root's or the file's owner's,
+    so the file (root's, as the test makes it) lies in a directory of root's,
+    not in tmp_path, which is $WCACHE_TEST_USER's where that is set (there,
+    the model would wait for `wcachectl reload m`)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    src, mgr, d, stage_dir = staged_model(tmp_path, where=models)
     d.write_config({"m": (src, {"stage": stage})},
                    f"stage_dir = {stage_dir}\nrestart_hold_seconds = 1\n")
+    os.chmod(mgr.path, 0o666)   # wcached, as $WCACHE_TEST_USER, sends to it
     try:
-        start_stored(d, mgr)
+        start_stored(d, mgr, user=d.user)
         assert d.stop() == 0, d.read_log()
         with mgr.lock:
             desc = description_in(mgr.store)
@@ -302,7 +311,7 @@ def test_a_generation_described_without_ctimes_loads_afresh(tmp_path, stage):
             else:
                 assert (ctime, nlink, origin_ctime) == (st.st_ctime_ns, st.st_nlink, 0)
             replace_description(mgr, older_version(desc, 4))
-        start(d, mgr, *mgr.listen_fds())
+        start(d, mgr, *mgr.listen_fds(), user=d.user)
         wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m loaded afresh")
         log = d.read_log()
         assert ('model "m": not restored: file m.safetensors: its description does not '
@@ -312,7 +321,7 @@ def test_a_generation_described_without_ctimes_loads_afresh(tmp_path, stage):
         mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-desc" in m.store and
                      (2, 0) in ctimes(description_in(m.store)), what="generation 2 stored")
         assert d.stop() == 0, d.read_log()
-        start(d, mgr, *mgr.listen_fds())
+        start(d, mgr, *mgr.listen_fds(), user=d.user)
         wait_until(lambda: ready(d, "m"), what="m restored")
         assert 'model "m": generation 2 restored from the file descriptor store' in \
             d.read_log(), d.read_log()
