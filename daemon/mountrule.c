@@ -524,6 +524,17 @@ found_by_statmount(int fd)
  * as the kernel gives it, since a device cannot tell it (a detached
  * mount's device may be listed for another of its mounts, and a btrfs
  * subvolume's files have a device no line lists): "Not yet safe", README.
+ *
+ * Not made redundant by fd_name's walk of the name (same_file_at): for a
+ * live file the walk refuses what this refuses, but where this root has
+ * the same filesystem mounted so that the kernel's name leads to the very
+ * file (its device and inode: the root filesystem, to a descriptor a
+ * previous start of wcached.service stored), a right name this refuses.
+ * A removed file's name is not walked, though, and one removed from a
+ * detached mount is named from that mount's root ("/llama/old.safetensors
+ * (deleted)"), no path it was removed from here: only this refuses it
+ * (test_realpath_detached; a previous start's swept copy in a stage_dir
+ * bind-mounted on itself would be named "/m.1/m.safetensors").
  */
 static int
 fd_attached(struct mountrule_walk *w, int fd)

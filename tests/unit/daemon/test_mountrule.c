@@ -748,8 +748,9 @@ kernel_name(int fd, char *name, size_t len)
  * mountrule_fd_name give none, ENOENT, alone and in a run whose table was
  * read while the mount was there (review rev215 L1: that name was taken
  * for its real path); by statmount(2) and by the mount table alone (a
- * kernel without statmount). As root, in a mount namespace of the test's
- * own.
+ * kernel without statmount); nor mountrule_fd_name a file removed from
+ * it (its name not walked: the mount's check alone refuses it). As root,
+ * in a mount namespace of the test's own.
  */
 static void
 test_realpath_detached(void **state)
@@ -759,7 +760,7 @@ test_realpath_detached(void **state)
 	struct mountrule_walk w;
 	bool removed = true;
 	char *r;
-	int fd, in_run;
+	int fd, in_run, gone;
 
 	(void)state;
 	in_own_namespace();
@@ -768,6 +769,10 @@ test_realpath_detached(void **state)
 	assert_int_equal(mount("vol", vol, "tmpfs", 0, "size=1m"), 0);
 	make_dir("vol/llama");
 	make_file("vol/llama/model.safetensors");
+	make_file("vol/llama/old.safetensors");
+	at(p, sizeof(p), "vol/llama/old.safetensors");
+	assert_true((gone = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
+	assert_int_equal(unlink(p), 0);
 	at(p, sizeof(p), "vol/llama/model.safetensors");
 	assert_true((fd = mountrule_open(NULL, p, why, sizeof(why))) >= 0);
 	mountrule_walk_init(&w);
@@ -813,6 +818,17 @@ test_realpath_detached(void **state)
 	errno = 0;
 	assert_null(mountrule_fd_name(&w, in_run, p, &removed, why, sizeof(why)));
 	assert_int_equal(errno, ENOENT);
+	/* A file removed from the detached mount: its name is not walked (a
+	 * removed file is at no name), and the kernel's, from that mount's
+	 * root, is no path it was removed from here: the mount's check alone
+	 * refuses it (with it off, "/llama/old.safetensors" was given). */
+	kernel_name(gone, name, sizeof(name));
+	assert_string_equal(name, "/llama/old.safetensors (deleted)");
+	errno = 0;
+	assert_null(mountrule_fd_name(NULL, gone, p, &removed, why, sizeof(why)));
+	assert_int_equal(errno, ENOENT);
+	assert_non_null(strstr(why, "on a mount gone from /proc/self/mountinfo (detached"));
+	close(gone);
 	/* Found by identity under a directory of this namespace: the
 	 * kernel's last names, walked there, reach the very file. */
 	assert_non_null(r = mountrule_fd_under(NULL, fd, again, 2));
