@@ -40,6 +40,7 @@
 #include "registry.h"
 #include "restore.h"
 #include "server.h"
+#include "stage.h"
 #include "format/source.h"
 #include "format/tree.h"
 #include "generation.h"
@@ -168,7 +169,8 @@ check_control_group(const struct config *cfg)
 }
 
 /*
- * --check of stage_dir, when a model must stage (stage = yes): what
+ * --check of stage_dir: on a local filesystem (stage_dir_check_local), as
+ * the start requires; and when a model must stage (stage = yes), what
  * stage_prepare_dir (stage.h) will meet. An existing stage_dir must be a
  * directory of owner (wcached's user), not writable by its group or
  * others, and one it can write; a missing one must be creatable: its
@@ -185,6 +187,11 @@ check_stage_dir(const struct config *cfg, uid_t owner, int makes_parents)
 	struct stat st;
 	int err;
 
+	/* Whatever the models: the start refuses it (stage_dir_check_local). */
+	if (stage_dir_check_local(dir) < 0) {
+		fprintf(stderr, "wcached: %s\n", error_get());
+		return 1;
+	}
 	for (size_t i = 0; i < cfg->n_models && model == NULL; i++)
 		if (cfg->models[i].stage == FS_STAGE_YES)
 			model = cfg->models[i].name;
@@ -800,6 +807,10 @@ main(int argc, char **argv)
 	warn_shared_group(d.cfg);
 	if (d.reg.stage_dir == NULL)
 		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1);
+	/* Before a warm restart looks its stored copies up there on the
+	 * loop (restore_model), and before any staging or sweep. */
+	if (stage_dir_check_local(d.cfg->stage_dir) < 0)
+		start_fatal(&d);
 
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;

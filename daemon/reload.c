@@ -510,13 +510,19 @@ struct reload_read {
 	struct reload_read *next; /* waiting behind this one */
 };
 
-/* Pool thread: reads the configuration. */
+/* Pool thread: reads the configuration, and refuses a stage_dir on a
+ * remote filesystem as the start does (stage_dir_check_local). */
 static void
 read_run(struct workq_job *job)
 {
 	struct reload_read *rr = job->arg;
 
 	if (config_load(rr->d->config_path, &rr->cfg) < 0) {
+		rr->cfg = NULL;
+		snprintf(rr->message, sizeof(rr->message), "%s", error_get());
+	} else if (stage_dir_check_local(rr->cfg->stage_dir) < 0) {
+		/* Here, off the loop: apply() prepares stage_dir on it. */
+		config_free(rr->cfg);
 		rr->cfg = NULL;
 		snprintf(rr->message, sizeof(rr->message), "%s", error_get());
 	}

@@ -163,6 +163,24 @@ void stage_remove_later(uv_loop_t *loop, char *dir, const int *stop, const char 
 int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
 
 /*
+ * Is stage_dir on a local filesystem? wcached looks it up by name on its
+ * event loop (a warm restart finds each stored copy there by identity,
+ * restore_check.c's fd_path; a reload prepares it), and on a network or
+ * FUSE filesystem a server that hangs would hold the loop, every client
+ * with it; a copy there would also be no local copy. stage_dir, or where
+ * it is missing the nearest directory above it that exists (where it
+ * would be made), is walked by the judged walk (mountrule_open: a user's
+ * FUSE mount on the way is refused, EXDEV, its server never asked) and its
+ * mount told from the mount table (statx AT_STATX_DONT_SYNC, no server
+ * asked). 0 where it is local or cannot be told (the walk failed
+ * otherwise: stage_prepare_dir says why); -EREMOTE (-EXDEV) with one line
+ * naming stage_dir and its filesystem type (the mount refused) where the
+ * mount rules call it remote (fstype.h). Blocking: at start, and on the
+ * work queue (a reload's read).
+ */
+int stage_dir_check_local(const char *stage_dir);
+
+/*
  * The staged directory path is in, when path lies in stage_dir: 1 and *dir
  * (malloc'd, stage_dir/<entry>), else 0. -ENOMEM.
  */

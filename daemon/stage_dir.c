@@ -1,7 +1,8 @@
 /*
  * stage_dir.c: stage_dir and what lies in it (see stage.h): preparing it
  * at start (stage_prepare_dir), checking and opening it (stage_check_dir,
- * stage_open_dir), which copy of it a path lies in (stage_dir_of), the
+ * stage_open_dir; stage_dir_check_local: it must be on a local
+ * filesystem), which copy of it a path lies in (stage_dir_of), the
  * token of this process's temporary copies (stage_token), removing copies
  * (stage_remove() and stage_remove_until_stop() on the caller's thread,
  * stage_remove_later() on libuv's work queue, and stage_remove_at(),
@@ -34,12 +35,15 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
 #include "base/path.h"
+#include "fstype.h"
 #include "log.h"
+#include "mountrule.h"
 #include "stage.h"
 #include "stage_internal.h"
 
@@ -127,6 +131,42 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 		err = stage_check_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
 	close(fd);
 	return err;
+}
+
+int
+stage_dir_check_local(const char *stage_dir)
+{
+	struct fs_table t = FS_TABLE_INIT("/proc/self/mountinfo");
+	char why[MOUNTRULE_WHY], *at = strdup(stage_dir), *up;
+	struct fs_info fs = { .remote = false };
+	struct statx sx;
+	int fd, r;
+
+	if (at == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	/* Missing: the directory it would be made in. */
+	while ((fd = mountrule_open(NULL, at, why, sizeof(why))) == -ENOENT &&
+		strcmp(at, "/") != 0 && (up = path_dir(at)) != NULL) {
+		free(at);
+		at = up;
+	}
+	free(at);
+	if (fd == -EXDEV)
+		return error_set(-EXDEV, "stage_dir %s: %s: stage_dir must be on a local "
+			"filesystem", stage_dir, why);
+	if (fd < 0)
+		return 0;
+	r = statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == -1 ? -errno :
+		(sx.stx_mask & STATX_MNT_ID) != 0 ? fstype_table_find_id(&t, sx.stx_mnt_id, &fs) :
+		fstype_table_find(&t, makedev(sx.stx_dev_major, sx.stx_dev_minor), &fs);
+	close(fd);
+	fstype_table_free(&t);
+	if (r < 0 || !fs.remote)
+		return 0;
+	return error_set(-EREMOTE, "stage_dir %s is on %s, a network or FUSE filesystem: "
+		"stage_dir must be on a local one (wcached looks copies up there by name on its "
+		"event loop, which a server that hangs would stop, and a copy there is no local "
+		"copy)", stage_dir, fs.name);
 }
 
 int

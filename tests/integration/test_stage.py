@@ -21,9 +21,10 @@ import time
 
 import pytest
 
-from conftest import (TEST_USER, Daemon, binary, mkmodel, parse_user, settled_fd_count,
+from conftest import (TEST_USER, Daemon, as_user, binary, mkmodel, parse_user, settled_fd_count,
                       wait_until)
-from ctlutil import model_entry
+from ctlutil import ctl, model_entry
+from wcached import WcachedError  # tests/pyutil, on the path conftest set
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 MARKER = ".wcached-copy"  # stage.h STAGE_MARKER: in every copy wcached makes
@@ -537,6 +538,65 @@ def remotefs():
     if reason:
         pytest.skip(reason)
     return rfs
+
+
+def on_fuse(stage_dir):
+    """The one line wcached refuses stage_dir with on remotefs's mount
+    (stage.h stage_dir_check_local), as a regular expression."""
+    return (re.escape(f"stage_dir {stage_dir} is on fuse") + r"\S*" +
+            re.escape(", a network or FUSE filesystem: stage_dir must be on a local one"))
+
+
+def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_path):
+    """A warm restart looks each stored copy up in stage_dir by name on the
+    event loop (restore_check.c's fd_path, since 2aeace2): on a network or
+    FUSE filesystem a server that hangs would hold every client. So a
+    stage_dir there is refused at start, with one line naming it and its
+    filesystem type, and by --check, whatever the models' stage (here a
+    local model, stage = auto: before, wcached started and served it)."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        d, stage_dir = stage_daemon(tmp_path, {"local": local}, stage_dir=fs.path("staged"))
+        try:
+            with pytest.raises(WcachedError):
+                d.start()
+            assert d.stop() != 0
+            log = d.read_log()
+            assert re.search(on_fuse(stage_dir), log), log
+            assert not os.path.exists(d.socket), "the refused start left its socket"
+            r = subprocess.run([*(as_user(*d.user) if d.user else []), binary("wcached"),
+                                "--check", "-c", d.conf],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert re.search("wcached: " + on_fuse(stage_dir), r.stderr), r.stderr
+        finally:
+            d.stop()
+
+
+def test_a_reload_to_a_stage_dir_on_a_fuse_filesystem_is_refused(tmp_path):
+    """A reload whose stage_dir is on a FUSE filesystem is refused, as the
+    start refuses it, the line said to wcachectl and logged (checked on the
+    reload's read, off the loop); what was in force stays (before, it was
+    applied: made there, and the next start refused it)."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        d, stage_dir = stage_daemon(tmp_path, {"local": local})
+        d.start()
+        try:
+            assert generation(d, "local") == 1
+            remote = fs.path("staged")
+            d.write_config({"local": local}, f"stage_dir = {remote}\n")
+            r = ctl(d, "reload")
+            assert r.returncode != 0, r.stdout + r.stderr
+            assert re.search(on_fuse(remote), r.stdout + r.stderr), r.stdout + r.stderr
+            d.wait_for_log("reload refused: " + on_fuse(remote))
+            assert generation(d, "local") == 1
+            # Not applied: applying makes stage_dir (stage_prepare_dir).
+            assert not os.path.exists(fs.backing_path("staged"))
+        finally:
+            assert d.stop() == 0, d.read_log()
 
 
 def model_status(d, name="m"):

@@ -466,6 +466,25 @@ test_stage_dir_not_writable(void **state)
 	free(blocker);
 }
 
+/* stage_dir_check_local: a local stage_dir passes, a missing one by the
+ * directory it would be made in, and one the judged walk refuses (a
+ * procfs magic link on the way: EXDEV) is refused with one line naming
+ * it. (On a FUSE mount: test_stage.py's
+ * test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check.) */
+static void
+test_stage_dir_local(void **state)
+{
+	struct fixture *f = *state;
+	char *missing = path_join(f->tmp, "not/yet/staged");
+
+	assert_int_equal(stage_dir_check_local(f->tmp), 0);
+	assert_int_equal(stage_dir_check_local(missing), 0);
+	assert_int_equal(stage_dir_check_local("/proc/self/cwd/staged"), -EXDEV);
+	assert_non_null(strstr(error_get(), "stage_dir /proc/self/cwd/staged: "));
+	assert_non_null(strstr(error_get(), "stage_dir must be on a local filesystem"));
+	free(missing);
+}
+
 /* The kernel refusing copy_file_range (across filesystems) and then
  * sendfile: the copy falls back and is still exact. */
 static int
@@ -537,6 +556,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_names_too_long, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_dir_local, setup, teardown),
 		cmocka_unit_test(test_dir_of),
 	};
 
