@@ -36,6 +36,7 @@ the same code runs on the CPU (the engine on wcache._device.CpuBackend, the
 "device" is host memory): that checks the script's logic, not speeds.
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -396,6 +397,12 @@ def cmd_warm(a):
 
 # ---- wcached ----
 
+def shm_stage_dir(a):
+    """The stage_dir in /dev/shm of the wcached of work directory a.dir,
+    where that directory's filesystem is refused for one (cmd_daemon)."""
+    return os.path.join("/dev/shm", f"wcached-stage-{os.path.basename(os.path.realpath(a.dir))}")
+
+
 def cmd_daemon(a):
     """start: wcached serving every file given (name = its path), its pid
     in <dir>/wcached.pid; stop: SIGTERM to that pid."""
@@ -408,8 +415,10 @@ def cmd_daemon(a):
             except ProcessLookupError:
                 pass
             os.unlink(pidfile)
+        with contextlib.suppress(OSError):  # start's stage_dir in /dev/shm, if any (empty)
+            os.rmdir(shm_stage_dir(a))
         return
-    from wcached import Wcached
+    from wcached import Wcached, WcachedError
     # stage = no: the bench measures copies from the page cache of the file
     # itself. Where the work directory looks remote (a gVisor sandbox's
     # gofer files report 9p), the default stage = auto would copy each model
@@ -427,8 +436,20 @@ def cmd_daemon(a):
     # warn (in the saved log) that the shared default one is locked by the
     # first; where it cannot write the default, each would warn of that.
     stage_dir = os.path.join(os.path.realpath(a.dir), "stage")
-    d = Wcached(a.dir, models, f"stage_dir = {stage_dir}\n",
-                log_level="info").start(env=env, timeout=120)
+    try:
+        d = Wcached(a.dir, models, f"stage_dir = {stage_dir}\n",
+                    log_level="info").start(env=env, timeout=120)
+    except WcachedError as e:
+        # wcached refuses a stage_dir on a filesystem it takes for a network
+        # or FUSE one (README, "Staging"), as a gVisor sandbox's gofer files
+        # are (9p): one in /dev/shm (tmpfs) then, removed by stop.
+        if "stage_dir must be on a local one" not in str(e):
+            raise
+        stage_dir = shm_stage_dir(a)
+        log(f"  stage_dir {os.path.join(os.path.realpath(a.dir), 'stage')} refused (not "
+            f"local): {stage_dir} instead")
+        d = Wcached(a.dir, models, f"stage_dir = {stage_dir}\n",
+                    log_level="info").start(env=env, timeout=120)
     with open(pidfile, "w") as f:
         f.write(str(d.proc.pid))
     d.proc = None  # outlives this process; run.sh stops it
