@@ -477,6 +477,36 @@ file_of(const struct load_request *q, size_t i, const struct stat **st, const ch
 }
 
 /*
+ * How a line names the file of q that file_of gave as (st, name): q's
+ * shard index, which file_of names by q->path, is found again in the
+ * directory a model configured by its directory names (shards_find_model,
+ * as its load found it) and named by its own path where that is the very
+ * file opened (its device and inode), else "the shard index in DIR": not
+ * the directory as "its file" (review rev219 L1). Into buf of len bytes
+ * where a name is made. Work queue thread: it lists the directory.
+ */
+static const char *
+file_said(const struct load_request *q, const struct stat *st, const char *name, char *buf,
+	size_t len)
+{
+	const struct stat *ix = &q->source.index_st;
+	struct stat found_st;
+	char *found = NULL;
+	bool is_index = false;
+
+	if (st != ix || !q->opened_known || !S_ISDIR(q->opened_st.st_mode))
+		return name;
+	if (shards_find_model(q->path, &found, &is_index) == 0 && is_index &&
+		stat(found, &found_st) == 0 && found_st.st_dev == ix->st_dev &&
+		found_st.st_ino == ix->st_ino)
+		snprintf(buf, len, "%s", found);
+	else
+		snprintf(buf, len, "the shard index in %s", q->path);
+	free(found);
+	return buf;
+}
+
+/*
  * Whether each file of a watched reload (its shard index too) is owned by
  * the owner of the tree it was found in or by an owner of a file of the
  * generation it replaces: the tree rules ask where a file's name is, not
@@ -506,6 +536,9 @@ same_owners(const struct load_request *q, const char **name, const struct stat *
 static void
 same_owners_said(struct load_request *q, const char *name, const struct stat *st)
 {
+	char named[PATH_MAX];
+
+	name = file_said(q, st, name, named, sizeof(named));
 	if (st->st_uid != q->root_uid)
 		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, not "
 			"by the owner of its tree %s (uid %u) nor of the files serving: another "
@@ -573,6 +606,44 @@ owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
 }
 
 /*
+ * linked_in's rule for a sharded model, whoever owns its tree: 0, or
+ * -EPERM with q->message when a shard is owned by another user than its
+ * shard index's owner, who could not read it by its mode (owner_may_read).
+ * The index chooses which files load, and it is its owner's to rewrite (in
+ * place, or renamed over in a sticky place): her index in root's slot or
+ * team place, naming root's private file beside the model, was served as
+ * her model, wcached lending her its read right (review rev219 H1). An
+ * index of root's names any file. The groups of the index's owner are
+ * looked up once, into *g (the caller frees its list).
+ */
+static int
+index_owner_reads(struct load_request *q, struct owner_groups *g)
+{
+	uid_t iu = q->source.index_st.st_uid;
+	char named[PATH_MAX];
+
+	if (q->source.format != FORMAT_SHARDED || iu == 0)
+		return 0;
+	for (size_t i = 0; i < q->source.nfiles; i++) {
+		const struct stat *st = &q->source.files[i].st;
+
+		if (st->st_uid == iu || owner_may_read(iu, st, g))
+			continue;
+		snprintf(q->message, sizeof(q->message), "%s is owned by uid %u (mode %04o, "
+			"group %u), which uid %u, the owner of its shard index %s, may not read: "
+			"an index names only files its owner could read, so it is not served; "
+			"make the file readable to uid %u (its mode, or a group of hers), or "
+			"give the index to the file's owner", q->source.files[i].path,
+			(unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
+			(unsigned)st->st_gid, (unsigned)iu,
+			file_said(q, &q->source.index_st, q->path, named, sizeof(named)),
+			(unsigned)iu);
+		return -EPERM;
+	}
+	return 0;
+}
+
+/*
  * Any load: 0, or -EPERM with q->message when a file of the model (its
  * shard index too) is not owned by the model's owner, who could not read
  * it either: others may not read it, and its group may not or the owner
@@ -596,7 +667,9 @@ owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
  * and where none is known (its first load, a path changed), that of the
  * file its path names (a shard index's shards must be files its owner
  * could read). Where no tree is known, only files everyone may read (its
- * group and the others) are taken.
+ * group and the others) are taken. Then a shard index's shards must be
+ * files the index's owner could read, whoever owns the tree
+ * (index_owner_reads).
  */
 static int
 linked_in(struct load_request *q)
@@ -625,12 +698,13 @@ linked_in(struct load_request *q)
 			"might, could not be told)");
 	}
 	for (size_t i = 0; err == 0 && file_of(q, i, &st, &name); i++) {
-		char names[96] = "";
+		char names[96] = "", named[PATH_MAX];
 
 		if (tree != NULL ? st->st_uid == owner || all ||
 				owner_may_read(owner, st, &groups) :
 			(st->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH))
 			continue;
+		name = file_said(q, st, name, named, sizeof(named));
 		if (st->st_nlink > 1)
 			snprintf(names, sizeof(names), " (it has %ju names; another may be "
 				"anyone's link of it)", (uintmax_t)st->st_nlink);
@@ -644,6 +718,12 @@ linked_in(struct load_request *q)
 		err = -EPERM;
 	}
 	free(groups.list);
+	if (err == 0) {
+		struct owner_groups ig = { 0 };
+
+		err = index_owner_reads(q, &ig);
+		free(ig.list);
+	}
 	return err;
 }
 
@@ -827,8 +907,11 @@ makers_move(struct load_request *q, const struct registry_link_seen *l)
 	if (q->root != NULL && q->keep_root != NULL && strcmp(q->root, q->keep_root) == 0)
 		return 0;
 	for (size_t i = 0; file_of(q, i, &st, &name); i++) {
+		char named[PATH_MAX];
+
 		if (st->st_uid == l->st->st_uid)
 			continue;
+		name = file_said(q, st, name, named, sizeof(named));
 		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s (was "
 			"%s) through the symbolic link %s (to %.256s) made by uid %u, who owns "
 			"files serving but not the model's tree (uid %u), and its file %s is owned "
@@ -1071,7 +1154,7 @@ same_tree(struct load_request *q)
 {
 	const char *old, *file = NULL;
 	const struct stat *st = NULL;
-	char owners[300];
+	char owners[300], named[PATH_MAX];
 	int same, path_same, open = open_place(q), first = 0;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL &&
@@ -1153,8 +1236,8 @@ same_tree(struct load_request *q)
 			"directory others than its owner (uid %u, mode %04o) may rename entries "
 			"in (writable by its group or all, not sticky): anyone of them may rename "
 			"another file there at its name, so it is served only after "
-			OPERATORS_WORD, file, (unsigned)q->files_uid,
-			(unsigned)(q->files_mode & 07777), q->name);
+			OPERATORS_WORD, file_said(q, st, file, named, sizeof(named)),
+			(unsigned)q->files_uid, (unsigned)(q->files_mode & 07777), q->name);
 	else
 		return check_links(q); /* -EXDEV, or its walk's -errno */
 	return same ? 0 : -EXDEV;

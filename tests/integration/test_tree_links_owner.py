@@ -5,19 +5,26 @@ private model as "llama" before the fix (89d0897). Review rev216 H1: a
 link followed because its maker owns files serving (not the tree: root's)
 renamed to root's private model beside the tree. Review rev218 H1: her
 index renamed over hers in root's team place naming root's private file
-beside it (no link moves)."""
+beside it (no link moves). Review rev219 H1: her index (renamed over hers,
+or rewritten in place in root's 0755 slot) naming root's private file
+where root owns a file serving or alone writes the directory; L1: a
+directory model's index named by its own path."""
 import contextlib
 import json
 import os
+import struct
 import subprocess
 
 import pytest
 
-from conftest import Daemon, mkmodel
+from conftest import Daemon, mkmodel, wait_until
+from ctlutil import ctl
+from test_restart_judged import restart_stored, untreed
 from test_tree_links import secret_not_served
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice,
                               as_bob, as_user, made_by, pytestmark, roots_private_model, served,
                               sharded_model, warm_restart)
+from test_warm_restart import ready
 
 __all__ = ["pytestmark"]
 
@@ -331,3 +338,234 @@ def test_her_index_naming_roots_file_in_roots_team_place_while_down_waits(tmp_pa
         assert_roots_file_waits(line, team2, team2)
     warm_restart(tmp_path, {"llama": team2}, "llama", then,
                  lambda: as_alice("mv .idx-alice model.safetensors.index.json", team2))
+
+
+SECRET = "rootsecret.safetensors"
+
+
+def roots_file_beside(directory, uid=0, mode=0o640):
+    """uid's one-file model rootsecret.safetensors in directory (mode; 0640
+    and group wcached's: wcached reads it, alice may not), and the text of
+    an index naming it for each of its tensors (their names are no secret;
+    written for her, as she cannot read the header): (its path, text)."""
+    secret = mkmodel(os.path.join(directory, SECRET), layers=3, seed=2)
+    os.chown(secret, uid, WCACHED_GID)
+    os.chmod(secret, mode)
+    up = os.path.dirname(directory)
+    while up != "/":   # traversable, as the daemon's start makes them (open_to)
+        os.chmod(up, os.stat(up).st_mode & 0o7777 | 0o011)
+        up = os.path.dirname(up)
+    r = subprocess.run(as_user(ALICE_UID, GROUP) + ["cat", secret], capture_output=True)
+    assert (r.returncode == 0) == bool(mode & 0o004), "alice's read right to %s" % secret
+    with open(secret, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return secret, json.dumps({"weight_map": {n: SECRET for n in header
+                                              if n != "__metadata__"}})
+
+
+def her_index_layout(tmp_path, layout, mode=0o640):
+    """rev219 H1's layouts, the model "llama" configured as its directory
+    d0 (a sharded model: index hers, shard s.safetensors root's unless
+    said), root's rootsecret.safetensors (mode) beside it, and her next
+    index naming it in aplace/idx (hers): (d0, secret, the shell line by
+    which she puts it at her index's name, run in d0).
+    team-place-roots-shard: d0 is root's team place team2 (1775), which
+    she may make entries in; she renames her next index over hers.
+    roots-v1-in-place: root's slot shared/v1 (0755: only root may make
+    entries in it), root's index chowned to her to update; she rewrites
+    it in place. roots-v1-her-shard-in-place: the same, the shard hers too
+    (root owns no file serving). roots-v1-acl: v1 (0755) with an ACL
+    entry letting her write in it (u:alice:rwx, mask rwx), the shard hers;
+    she renames her next index over hers."""
+    if layout == "team-place-roots-shard":
+        d0 = made_by(tmp_path / "team2", 0, 0o1775)
+    else:
+        made_by(tmp_path / "shared", 0, 0o1775)
+        d0 = made_by(tmp_path / "shared" / "v1", 0, 0o755)
+    sharded_model(d0, mkmodel(os.path.join(d0, "in.safetensors"), seed=1))
+    os.chown(os.path.join(d0, "model.safetensors.index.json"), ALICE_UID, GROUP)
+    if layout in ("roots-v1-her-shard-in-place", "roots-v1-acl"):
+        os.chown(os.path.join(d0, "s.safetensors"), ALICE_UID, GROUP)
+    if layout == "roots-v1-acl":
+        acl = [(0x01, 7, 0xffffffff), (0x02, 7, ALICE_UID), (0x04, 5, 0xffffffff),
+               (0x10, 7, 0xffffffff), (0x20, 5, 0xffffffff)]   # no setfacl here
+        os.setxattr(d0, "system.posix_acl_access",
+                    struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in acl))
+    secret, text = roots_file_beside(d0, mode=mode)
+    aplace = made_by(tmp_path / "aplace", ALICE_UID)
+    idx = os.path.join(aplace, "idx")
+    with open(idx, "w") as f:
+        f.write(text)
+    os.chown(idx, ALICE_UID, GROUP)
+    if layout.endswith("-in-place"):
+        return d0, secret, "cat %s > model.safetensors.index.json" % idx
+    return d0, secret, "cp %s .n && mv .n model.safetensors.index.json" % idx
+
+
+def assert_her_index_refused(line, d0, secret, serving=True):
+    """line is linked_in's refusal of root's private file secret named by
+    her index in d0 (named by its own path, not d0's: review rev219 L1),
+    and generation 1 still serves (serving)."""
+    assert "%s is owned by uid 0 (mode 0640, group %d), which uid %d, the owner of its " \
+        "shard index %s, may not read: an index names only files its owner could read" % (
+            secret, WCACHED_GID, ALICE_UID,
+            os.path.join(d0, "model.safetensors.index.json")) in line, line
+    assert ("generation 1 still serving" in line) == serving, line
+
+
+HER_INDEX_LAYOUTS = ["team-place-roots-shard", "roots-v1-in-place",
+                     "roots-v1-her-shard-in-place"]
+
+
+@pytest.mark.parametrize("layout", HER_INDEX_LAYOUTS)
+def test_her_index_naming_roots_private_file_beside_it_is_refused(tmp_path, layout):
+    """Review rev219 H1: same_owners took any file of the tree's owner once
+    that owner owned a file serving (her index over root's shard) or alone
+    might write in the directory (root's 0755 slot: she rewrites her index
+    in place): root's private file (275,384 bytes) was served as her
+    generation 2 in all three layouts. A shard index names only files its
+    owner could read, whoever owns the tree: refused, at the operator's
+    reload too (her index is hers to rewrite), generation 1 serving."""
+    d0, secret, put = her_index_layout(tmp_path, layout)
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        line = secret_not_served(d, secret, layout, r"its |.* may not read|generation 2 ")
+        assert_her_index_refused(line, d0, secret)
+        r = ctl(d, "reload", "llama")
+        assert r.returncode != 0 and "may not read" in r.stdout + r.stderr, r
+        assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
+        assert "generation 1" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("layout", HER_INDEX_LAYOUTS)
+def test_her_index_naming_roots_file_she_may_read_loads(tmp_path, layout):
+    """The control of rev219 H1's fix: the same layouts, root's file beside
+    the model 0644 (she may read it): her index naming it is her model, as
+    her index over root's shards (each layout's generation 1) was."""
+    d0, secret, put = her_index_layout(tmp_path, layout, mode=0o644)
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        _, line = d.wait_for_log(r'model "llama": (its |.* may not read|generation 2 is current)')
+        assert "generation 2 is current" in line, d.read_log()
+        assert "generation 2, 30 tensors" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_roots_own_index_naming_his_private_file_loads(tmp_path):
+    """The control of rev219 H1's fix: in root's slot v1 (0755), root's own
+    next index (his: he chose its names) naming his private file beside the
+    model is his update: loaded, whoever owned the index it replaces."""
+    d0, secret, _ = her_index_layout(tmp_path, "roots-v1-in-place")
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        subprocess.run(["sh", "-ec", "cp %s .n && mv .n model.safetensors.index.json"
+                        % os.path.join(tmp_path, "aplace", "idx")], cwd=d0, check=True)
+        _, line = d.wait_for_log(r'model "llama": (its |.* may not read|generation 2 is current)')
+        assert "generation 2 is current" in line, d.read_log()
+        assert "generation 2, 30 tensors" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("layout", ["team-place-roots-shard", "roots-v1-in-place"])
+def test_her_index_naming_roots_private_file_while_down_waits(tmp_path, layout):
+    """rev219 H1 at a warm restart: her change made while wcached restarts.
+    The restart's reload keeps the owners of the files it served from their
+    stored descriptors (root's shard), which lack her index's: it waits, and
+    its line names her index by its own path, not by the model's directory
+    (review rev219 L1: `its file .../team2 is owned by uid 64104`)."""
+    d0, secret, put = her_index_layout(tmp_path, layout)
+    index = os.path.join(d0, "model.safetensors.index.json")
+
+    def then(d, line):
+        assert "generation 1 restored" in line, d.read_log()
+        line = secret_not_served(d, secret, "while down", r"its |.* may not read|generation 2 ")
+        assert "its file %s is owned by uid %d, not by the owner of its tree %s (uid 0)" % (
+            index, ALICE_UID, d0) in line, line
+    warm_restart(tmp_path, {"llama": d0}, "llama", then, lambda: as_alice(put, d0))
+
+
+def test_her_index_in_roots_slot_she_may_write_by_an_acl_waits(tmp_path):
+    """rev219's check of an ACL: root's v1 (0755) with an entry letting her
+    write in it, her index and shard: her next index naming root's private
+    file. The ACL's mask shows in the group bits (0775): root does not
+    alone write there, so same_owners waits for the operator (before the
+    fix too), and the index rule refuses it at the operator's reload."""
+    d0, secret, put = her_index_layout(tmp_path, "roots-v1-acl")
+    assert os.stat(d0).st_mode & 0o7777 == 0o775
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        line = secret_not_served(d, secret, "acl", r"its |.* may not read|generation 2 ")
+        assert "its file %s is owned by uid 0, the owner of its tree %s, who owns none of " \
+            "the files serving" % (secret, d0) in line, line
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_her_index_naming_bobs_private_file_beside_it_waits(tmp_path):
+    """rev219's other kept owner: her index over bob's shard in root's team
+    place (1775), bob's private bobsecret (0640 bob:wcached) beside; her
+    next index names it. bob owns a file serving (same_owners takes his),
+    but its tree's owner (root) may not read it by its mode: refused by
+    linked_in's older rule (before the fix too)."""
+    d0 = made_by(tmp_path / "team2", 0, 0o1775)
+    sharded_model(d0, mkmodel(os.path.join(d0, "in.safetensors"), seed=1))
+    os.chown(os.path.join(d0, "model.safetensors.index.json"), ALICE_UID, GROUP)
+    os.chown(os.path.join(d0, "s.safetensors"), BOB_UID, GROUP)
+    secret, text = roots_file_beside(d0, uid=BOB_UID)
+    with open(os.path.join(d0, ".n"), "w") as f:
+        f.write(text.replace(SECRET, "bobsecret.safetensors"))
+    os.chown(os.path.join(d0, ".n"), ALICE_UID, GROUP)
+    os.rename(secret, os.path.join(d0, "bobsecret.safetensors"))
+    secret = os.path.join(d0, "bobsecret.safetensors")
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice("mv .n model.safetensors.index.json", d0)
+        line = secret_not_served(d, secret, "bob's", r"its |.* may not read|generation 2 ")
+        assert "%s is owned by uid %d (mode 0640, group %d), which uid 0 (the owner of the " \
+            "model's tree %s) may not read" % (secret, BOB_UID, WCACHED_GID, d0) in line, line
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_her_index_naming_roots_private_file_with_owners_untold_is_refused(tmp_path):
+    """rev219 H1 where the restart cannot tell whose the files it served
+    were (a store with no room for the generation, written by a wcached of
+    format version 9): root's slot v1 (0755) lets the restart's reload take
+    every file (no one but root may write there), and her index rewritten in
+    place while wcached was down named root's private file: the index rule
+    asks no owner of the files serving, so it is refused all the same."""
+    d0, secret, put = her_index_layout(tmp_path, "roots-v1-in-place")
+
+    def until(d, mgr):
+        wait_until(lambda: ready(d, "llama"), what="llama ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store, what="the description stored")
+        d.wait_for_log(r'not stored: models left out whole: "llama"', timeout=60)
+
+    def down(mgr):
+        untreed(mgr, "9")
+        as_alice(put, d0)
+    d, mgr = restart_stored(tmp_path, {"llama": d0}, down, until, max_fds=2)
+    try:
+        _, line = d.wait_for_log(r'model "llama": (generation \d+ from|.* may not read|its )')
+        log = d.read_log()
+        assert "1 file, %d bytes" % os.path.getsize(secret) not in log, \
+            "root's private %s served as llama:\n%s" % (secret, log)
+        assert_her_index_refused(line, d0, secret, serving=False)
+        r = d.attach("llama")
+        assert r.returncode != 0 and "30 tensors" not in r.stdout, r.stdout + r.stderr
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()

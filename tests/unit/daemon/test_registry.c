@@ -3550,10 +3550,109 @@ test_rev198_hard_link_of_the_deployers_link_keeps_updates(void **state)
 	assert_true(size > 0);
 }
 
+/*
+ * Review rev219 H1: a model configured by its directory v1 (root's, 0755:
+ * only root makes entries there), root's shard s.safetensors (0644) and
+ * her index (23456) over it, root's private priv.safetensors (0640) beside.
+ * She rewrites her index in place to name priv: taken as the tree owner's
+ * file (only root may write in v1), root's private model was her
+ * generation 2. A shard index names only files its owner could read:
+ * refused at every load, the operator's too, the index named by its own
+ * path, not by the directory (L1); once she may read priv, it loads.
+ */
+static void
+test_rev219_her_index_naming_roots_private_file_refused(void **state)
+{
+	struct du *t = *state;
+	char *s, *o, *p, cmd[8192], want[4096];
+	struct generation *g1;
+	struct stat ost;
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p v1", t->dir);
+	assert_int_equal(system(cmd), 0);
+	s = du_model(t, "v1/s.safetensors", 1024);
+	o = du_model(t, "v1/priv.safetensors", 3000);
+	index_naming_s(t, "v1/model.safetensors.index.json");
+	snprintf(cmd, sizeof(cmd), "cd %s/v1 && chmod 0755 . && chmod 0644 s.safetensors && "
+		"chmod 0640 priv.safetensors && chown 23456:23456 model.safetensors.index.json",
+		t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "v1", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/v1 && printf '{\"weight_map\":{\"w\":"
+		"\"priv.safetensors\"}}' > model.safetensors.index.json", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	assert_int_equal(st, -EPERM); /* was 0: root's private file, generation 2 */
+	assert_int_equal(size, 0);
+	snprintf(want, sizeof(want), "%s/v1/priv.safetensors is owned by uid 0 (mode 0640, "
+		"group 0), which uid 23456, the owner of its shard index "
+		"%s/v1/model.safetensors.index.json, may not read: an index names only files its "
+		"owner could read", t->dir, t->dir);
+	assert_non_null(strstr(t->message, want));
+	assert_int_equal(du_reload(t, "llama"), -EPERM);
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	snprintf(cmd, sizeof(cmd), "chmod 0644 %s", o);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "llama"), 0);
+	assert_int_equal(stat(o, &ost), 0);
+	assert_int_equal(du_current(t, "llama")->source.files[0].st.st_ino, ost.st_ino);
+	free(s);
+	free(o);
+	free(p);
+}
+
+/*
+ * Review rev219 L1: a model configured by its directory v1 (root's index
+ * and shard); another user's index (23456) put there, naming a new shard
+ * of root's too: same_owners refuses the index, its owner neither the
+ * tree's nor one of the files serving, and its line named the directory
+ * as "its file" (`its file .../v1 is owned by uid 23456`): it names the
+ * index.
+ */
+static void
+test_rev219_dir_models_index_named_by_its_path(void **state)
+{
+	struct du *t = *state;
+	char *s, *s2, *p, cmd[8192], header[128], want[4096];
+	struct generation *g1;
+	uint8_t *buf;
+	size_t len;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p v1", t->dir);
+	assert_int_equal(system(cmd), 0);
+	s = du_model(t, "v1/s.safetensors", 1024);
+	index_naming_s(t, "v1/model.safetensors.index.json");
+	p = llama_loaded(t, "v1", &g1);
+	snprintf(header, sizeof(header), "{\"v\":{\"dtype\":\"F32\",\"shape\":[64],"
+		"\"data_offsets\":[0,256]}}");
+	buf = tu_safetensors(header, 256, &len);
+	s2 = tu_write(t->dir, "v1/s2.safetensors", buf, len);
+	free(buf);
+	index_naming(t, "v1/next.json", "s2.safetensors");
+	snprintf(cmd, sizeof(cmd), "cd %s/v1 && chown 23456:23456 next.json && "
+		"mv next.json model.safetensors.index.json", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	print_message("rev219 L1: %s\n", t->message);
+	snprintf(want, sizeof(want), "its file %s/v1/model.safetensors.index.json is owned by "
+		"uid 23456, not by the owner of its tree %s/v1 (uid 0)", t->dir, t->dir);
+	assert_non_null(strstr(t->message, want)); /* was "its file .../v1 is owned by" */
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	free(s);
+	free(s2);
+	free(p);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			test_rev219_her_index_naming_roots_private_file_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev219_dir_models_index_named_by_its_path,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_rev198_hard_link_of_the_deployers_link_keeps_updates,
 			setup, teardown),
