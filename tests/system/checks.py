@@ -34,6 +34,8 @@ KILL_9 = "code=killed, status=9/KILL"  # what systemd logs for a kill -9 of Main
 LOAD_WORKERS = 8           # per mode of restart_under_load
 RESTARTS = 5
 HOLD_SECONDS = 3           # restart_hold_seconds for held_across_restart
+STAGED = "staged"          # warm_restart's model with stage = yes
+STAGE_DIR = "/var/cache/wcached/staged"  # the default stage_dir (CacheDirectory=wcached)
 # The model the pin checks lock: 4 tensors of 16 MiB, 64 MiB and a page,
 # more than the 8 MiB RLIMIT_MEMLOCK a service gets without LimitMEMLOCK=.
 BIG = {"tensors": 4, "pages_per_tensor": 4096}
@@ -738,14 +740,47 @@ class Checks:
         """systemctl restart: a new process (MainPID changes) serves every
         ready model with the same generation, restored from the file
         descriptor store without a warm-up, and a worker reads the bytes
-        written."""
+        written. Among them a model with stage = yes keeps its copy in
+        stage_dir: the new process says so and makes no second copy (the
+        same file, alone there). Each start under the unit has a mount
+        namespace of its own, so the copy's descriptors taken back from the
+        store are on the old start's mounts: before 2aeace2 the new process
+        did not find the copy by them, removed it and staged the model again
+        as a new generation (review rev217 M1). The staged model is dropped
+        again after the check: the later restarts count opens of the models'
+        own files."""
+        self.write_model(STAGED)
+        self.models[STAGED] = f"path = {MODELS}/{STAGED}.safetensors\nstage = yes\n"
+        try:
+            pid, n = self.restart_with_staged()
+        finally:
+            # Dropped at the next reload (restart_under_load's, if this
+            # check failed before its own).
+            del self.models[STAGED]
+            self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+        wait_for(f"model {STAGED} to leave status", lambda: STAGED not in
+                 {m["name"] for m in self.status()["models"]}, 30, 0.1)
+        return f"{n} models restored, {STAGED} with its copy, MainPID {pid}"
+
+    def restart_with_staged(self):
+        """warm_restart with model STAGED configured: (the new MainPID, how
+        many models it restored)."""
+        self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+        staged = self.wait_state(STAGED, "ready")["generation"]
+        copy = f"{STAGE_DIR}/{STAGED}.{staged}"
+        copied = self.staged_copy(staged, copy, "before the restart")
         before = {m["name"]: m["generation"] for m in self.status()["models"]
                   if m["state"] == "ready"}
-        expect(before, "no ready model to restart with")
         self.sh("systemctl", "restart", UNIT, timeout=120)
         pid = int(self.show("MainPID")["MainPID"])
         expect(pid not in (0, self.main_pid), f"MainPID {pid} after systemctl restart")
         self.main_pid = pid
+        # Before 2aeace2: 'not restored: generation N is not a staged copy',
+        # then generation N+1 "staged from ext4" (review rev217 M1).
+        self.journal_entry(pid, f'model "{STAGED}": generation {staged} keeps its staged copy '
+                           f"{copy}")
         for name, gen in before.items():
             m = self.wait_state(name, "ready")
             expect(m["generation"] == gen, f"model {name}: generation {m['generation']} after "
@@ -755,12 +790,28 @@ class Checks:
             expect(f'model "{name}": generation {before[name]} restored' in text,
                    f"model {name} was not restored:\n{text[-2000:]}")
         expect("warm:" not in text, f"the new process warmed a model:\n{text[-2000:]}")
-        r = self.sh("python3", "/srv/wcache-test/worker.py", "small", user=WORKER)
-        gen, digest = r.stdout.split()
-        expect(int(gen) == before["small"] and digest == self.digests["small"],
-               f"after the restart a worker got generation {gen} with "
-               f"{'the right' if digest == self.digests['small'] else 'other'} bytes")
-        return f"{len(before)} models restored, MainPID {pid}"
+        expect(" staged from " not in text, f"the new process staged a model again:\n"
+               f"{text[-2000:]}")
+        expect(self.staged_copy(staged, copy, "after the restart") == copied,
+               f"{copy}/{STAGED}.safetensors is another file after the restart: copied again")
+        for name in ("small", STAGED):
+            r = self.sh("python3", "/srv/wcache-test/worker.py", name, user=WORKER)
+            gen, digest = r.stdout.split()
+            expect(int(gen) == before[name] and digest == self.digests[name],
+                   f"after the restart a worker of {name} got generation {gen} with "
+                   f"{'the right' if digest == self.digests[name] else 'other'} bytes")
+        return pid, len(before)
+
+    def staged_copy(self, gen, copy, when):
+        """The (st_dev, st_ino) of model STAGED's copy: its generation GEN is
+        served from COPY (status), the one copy in STAGE_DIR."""
+        g = self.generations(STAGED).get(gen, {})
+        expect(g.get("staged") and g.get("staged_dir") == copy,
+               f"{when}: model {STAGED}'s generation {gen} is not served from {copy}: {g}")
+        there = sorted(os.listdir(self.c.path(STAGE_DIR)))
+        expect(there == [f"{STAGED}.{gen}"], f"{when}: {STAGE_DIR} holds {there}")
+        st = os.stat(self.c.path(f"{copy}/{STAGED}.safetensors"))
+        return st.st_dev, st.st_ino
 
     def restart_under_load(self):
         """16 workers in group wcache attach model load, check every byte
