@@ -125,8 +125,10 @@ struct load_request {
 	 * ctime_known: a restart's kept files (keep_restart_files), which
 	 * nothing held while wcached was down: a file of that device and
 	 * inode is theirs only with their ctime (a freed inode number is
-	 * given to the next file made, review rev217 L1); a generation's own
-	 * (keep_tree) are held by it. */
+	 * given to the next file made, review rev217 L1); so too a live
+	 * staged generation's origins and a shard index (keep_tree), which
+	 * nothing holds (rev219 H2); only files a generation serves where
+	 * they lie are held by it. */
 	struct file_id {
 		dev_t dev;
 		ino_t ino;
@@ -1231,8 +1233,10 @@ same_tree(struct load_request *q)
 		same_owners_said(q, file, st);
 	else if ((same = files_kept(q, &file, &st)) == 0)
 		snprintf(q->message, sizeof(q->message), "its file %s is not one of the files "
-			"serving (another inode, or its inode with another ctime: a file made at "
-			"a freed inode number while wcached was down; or none serves), in a "
+			"serving (another inode, or its inode with another ctime where nothing "
+			"held it, as a staged copy's origin, a shard index, or any file while "
+			"wcached was down: a file made at a freed inode number, or this one "
+			"changed since, by a chmod or a write; or none serves), in a "
 			"directory others than its owner (uid %u, mode %04o) may rename entries "
 			"in (writable by its group or all, not sticky): anyone of them may rename "
 			"another file there at its name, so it is served only after "
@@ -3347,10 +3351,18 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 				&g->source.index_st : NULL) :
 			g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st;
 
-		if (st != NULL) {
-			q->keep_files[q->nkeep_files].dev = st->st_dev;
-			q->keep_files[q->nkeep_files++].ino = st->st_ino;
-		}
+		if (st == NULL)
+			continue;
+		/* Held by g only where g serves its files where they lie:
+		 * a staged copy's origin and a shard index (parsed, then
+		 * closed) are held by nothing, so their inode numbers may be
+		 * freed (a neighbour's rm in a 2775 place) and given to the
+		 * owner's next file: theirs only with their ctime too
+		 * (review rev219 H2). */
+		q->keep_files[q->nkeep_files] = (struct file_id){ .dev = st->st_dev,
+			.ino = st->st_ino, .ctime_ns = file_time_ns(&st->st_ctim),
+			.ctime_known = i == g->source.nfiles || g->origin != NULL };
+		q->nkeep_files++;
 	}
 	if (g != NULL && g->nlinks > 0) {
 		if ((q->keep_links = malloc(g->nlinks * sizeof(*g->links))) == NULL)
