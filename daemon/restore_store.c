@@ -13,12 +13,14 @@
  * what the plan leaves out leaves the store.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -467,6 +469,48 @@ walk_artifacts(const struct registry *r, const struct model_entry *m,
 		derive_stored_each(derive_table_of(r), m, fn, w);
 }
 
+/*
+ * The stat to describe of f, a file a generation loaded (f->st: the load's
+ * fstat) and holds open: with the open file's link count and ctime now
+ * where a running wcached takes it for unchanged (its inode, size and
+ * mtime the load's, its ctime moved only with its link count:
+ * file_written_in_place, base/file.h), as a link added beside it or
+ * removed while wcached ran leaves it. The next start compares them with
+ * what it finds (file_changed; a model left out of the store takes its
+ * kept files only at their recorded ctime, where others may rename beside
+ * them), and the load's ctime made it wait for the operator (h294). Else
+ * (a write in place, the file removed, closed) the load's, so that the
+ * next start sees the change. Only the attributes the kernel has
+ * (AT_STATX_DONT_SYNC: on the loop, no server is asked). 1 where it
+ * differs from the load's, else 0.
+ */
+static int
+described_stat(const struct wc_file *f, struct stat *out)
+{
+	const unsigned want = STATX_NLINK | STATX_CTIME | STATX_SIZE | STATX_MTIME | STATX_INO;
+	struct statx sx;
+	struct stat now;
+
+	*out = f->st;
+	if (f->path == NULL || f->fd < 0 ||
+		statx(f->fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, want, &sx) == -1 ||
+		(sx.stx_mask & want) != want || sx.stx_nlink == 0)
+		return 0;
+	now = f->st;
+	now.st_nlink = (nlink_t)sx.stx_nlink;
+	now.st_size = (off_t)sx.stx_size;
+	now.st_mtim = (struct timespec){ sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec };
+	now.st_ctim = (struct timespec){ sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec };
+	if ((uint64_t)sx.stx_ino != (uint64_t)f->st.st_ino ||
+		makedev(sx.stx_dev_major, sx.stx_dev_minor) != f->st.st_dev ||
+		file_written_in_place(&f->st, &now))
+		return 0;
+	out->st_nlink = now.st_nlink;
+	out->st_ctim = now.st_ctim;
+	return out->st_nlink != f->st.st_nlink ||
+		file_time_ns(&out->st_ctim) != file_time_ns(&f->st.st_ctim);
+}
+
 /* Fills dg from g of m, stored under m's slot, in role. */
 static int
 describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
@@ -493,9 +537,11 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 			NULL)
 		return -ENOMEM;
 	for (size_t k = 0; k < g->source.nfiles; k++) {
-		const struct stat *st = &g->source.files[k].st;
+		struct stat now;
+		const struct stat *st = &now;
 		struct fdstore_file *f = &dg->files[k];
 
+		(void)described_stat(&g->source.files[k], &now);
 		if (fdstore_name_file(name, sizeof(name), m->slot, g->number, (uint32_t)k) < 0 ||
 			(f->fdname = strdup(name)) == NULL)
 			return -ENOMEM;
@@ -794,6 +840,14 @@ describe_kept(struct fdstore_model *dm, const struct model_entry *m, size_t *roo
 		return describe_kept_files(&dm->tree, &m->operator_tree.kept, room);
 	if (registry_kept_of(g, &k) < 0)
 		return -ENOMEM;
+	/* A file's ctime as describe_generation records it (described_stat):
+	 * the open file's; a staged copy's kept files are its origin's. */
+	for (size_t i = 0; g->origin == NULL && i < g->source.nfiles && i < k.nfiles; i++) {
+		struct stat now;
+
+		(void)described_stat(&g->source.files[i], &now);
+		k.ids[i].ctime_ns = file_time_ns(&now.st_ctim);
+	}
 	err = describe_kept_files(&dm->tree, &k, room);
 	registry_kept_clear(&k);
 	return err;
@@ -1025,10 +1079,39 @@ hash_tree(uint64_t h, const struct model_entry *m)
 	return h;
 }
 
+/* Set by restore_stopping(): the last description counts the files' link
+ * counts and ctimes now (hash_described_stats). */
+static int stopping;
+
+/* h with what described_stat() finds moved of each open file of r's
+ * generations, while stopping only: a link added or removed beside a
+ * served file changes no generation, so nothing would describe it again
+ * before the stop (h294); checked once at the stop, not at every progress
+ * event. Unmoved files add nothing, so an unchanged registry keeps its
+ * hash. */
+static uint64_t
+hash_described_stats(uint64_t h, const struct registry *r)
+{
+	for (const struct generation *g = r->generations; stopping && g != NULL; g = g->next) {
+		for (size_t k = 0; g->model != NULL && k < g->source.nfiles; k++) {
+			struct stat now;
+
+			if (!described_stat(&g->source.files[k], &now))
+				continue;
+			uint64_t v[4] = { g->model->entry_id, g->number, k,
+				(uint64_t)file_time_ns(&now.st_ctim) ^ (uint64_t)now.st_nlink };
+
+			for (int i = 0; i < 4; i++)
+				h = (h ^ v[i]) * 1099511628211ull;
+		}
+	}
+	return h;
+}
+
 static uint64_t
 describe_hash(const struct registry *r)
 {
-	uint64_t h = 1469598103934665603ull;
+	uint64_t h = hash_described_stats(1469598103934665603ull, r);
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
@@ -1191,6 +1274,7 @@ restore_stopping(struct registry *r)
 {
 	if (!r->fdstore || r->closing)
 		return;
+	stopping = 1;
 	/* Checks of stored files still run (restore.c): the descriptions
 	 * carry those models as the previous process stored them, and the
 	 * store keeps every descriptor they name for the next start. */

@@ -24,7 +24,7 @@ from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID
                               alices_file_in_a_shared_place, as_alice, as_bob, made_by,
                               roots_private_model)
 from test_tree_places import warm_restart as tp_warm_restart
-from test_warm_restart import ready, sealed_memfd, start
+from test_warm_restart import ready, sealed_memfd, start, write_in_place_keeping_mtime
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -429,6 +429,91 @@ def test_a_model_the_store_had_no_room_for_loads_at_a_restart_or_says_why(tmp_pa
             "raise FileDescriptorStoreMax= in the unit" in line, line
         assert "waits_for_reload" in model_entry(d, "alice"), model_entry(d, "alice")
         assert os.stat(m).st_uid == ALICE_UID
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
+def alices_file_in_a_team_place(tmp_path):
+    """alice's one-file model m.safetensors straight in team/ (root's,
+    2775: its group may rename entries in it): (team, the path)."""
+    team = made_by(tmp_path / "team", 0, 0o2775)
+    os.chown(team, 0, GROUP)
+    os.chmod(team, 0o2775)
+    m = mkmodel(os.path.join(team, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    return team, m
+
+
+@pytest.mark.parametrize("change", ["linked", "unlinked"])
+def test_a_model_left_out_of_the_store_whose_file_got_a_link_while_running_loads(
+        tmp_path, change):
+    """As above (no room in the store for alice's generation), her
+    one-file model straight in a team place others may rename entries in
+    (2775), but while wcached runs a second name is linked to her file (or
+    the second it had removed): no write, so wcached keeps serving it, but
+    the file's ctime moved. The description records the ctime of the open
+    file as the stop describes it, so the restart's judged load takes that
+    very file (generation 2). Before, it recorded the load's, and the
+    restart, finding another ctime, took the file for one made at a freed
+    inode number and waited for `wcachectl reload alice` (h294's note)."""
+    team, m = alices_file_in_a_team_place(tmp_path)
+    second = os.path.join(team, "m.second")
+    if change == "unlinked":
+        os.link(m, second)
+
+    def stored_then_linked(d, mgr):
+        alice_stored(d, mgr)
+        d.wait_for_log(r'not stored: models left out whole: "alice"', timeout=60)
+        before = os.stat(m).st_ctime_ns
+        time.sleep(0.05)
+        os.link(m, second) if change == "linked" else os.unlink(second)
+        assert os.stat(m).st_ctime_ns != before
+        time.sleep(1)   # what the watch makes of it comes meanwhile
+        assert 'model "alice": generation 2' not in d.read_log(), d.read_log()
+
+    d, mgr = restart_stored(tmp_path, {"alice": m}, lambda mgr: None, stored_then_linked,
+                            max_fds=2)
+    try:
+        _, line = d.wait_for_log(r'model "alice": (generation \d+ from|its file .* is not one'
+                                 r'|.*wcachectl reload alice)', timeout=60)
+        assert "generation 2 from %s: 1 file, %d bytes" % (m, os.stat(m).st_size) in line, \
+            d.read_log()
+        wait_until(lambda: "generation 2" in d.attach("alice").stdout,
+                   what="alice's generation 2 served")
+    finally:
+        status = d.stop()
+        mgr.close()
+    assert status == 0, d.read_log()
+
+
+def test_a_stored_file_linked_while_running_then_written_in_place_is_not_restored(tmp_path):
+    """alice's file, its generation stored, gets a second name while wcached
+    runs (no write: it keeps serving it); while wcached is down it is
+    written in place at the same size, its mtime put back. The stop
+    describes the open file's link count and ctime, so the restart finds
+    the same link count with another ctime and does not restore it. Before,
+    the description had the load's link count (1), the restart found 2,
+    took the moved ctime for the link's and restored generation 1 with the
+    bytes nobody loaded."""
+    team, m = alices_file_in_a_team_place(tmp_path)
+
+    def stored_then_linked(d, mgr):
+        alice_stored(d, mgr)
+        mgr.wait_for(lambda s: "wc-1-1-i" in s.store, what="generation 1 stored")
+        time.sleep(0.05)
+        os.link(m, os.path.join(team, "m.second"))
+        time.sleep(1)   # what the watch makes of it comes meanwhile
+        assert 'model "alice": generation 2' not in d.read_log(), d.read_log()
+
+    d, mgr = restart_stored(tmp_path, {"alice": m},
+                            lambda mgr: write_in_place_keeping_mtime(m), stored_then_linked)
+    try:
+        _, line = d.wait_for_log(r'model "alice": (generation 1 restored|not restored)',
+                                 timeout=60)
+        assert "not restored: file m.safetensors: written in place since it was stored" \
+            in line, d.read_log()
     finally:
         status = d.stop()
         mgr.close()
