@@ -126,6 +126,17 @@ def test_her_other_file_at_the_freed_origin_inode_renamed_at_its_name_waits(tmp_
             assert d.stop() == 0, d.read_log()
 
 
+def waits_then_the_operators_reload_loads(d, path, loaded):
+    """d's watched reload of llama waits for the operator's, refusing path
+    (files_kept's line); then `wcachectl reload llama` loads generation 2
+    (its log line matching loaded), which an attach gets."""
+    generation_1_waits(d, "llama", NOT_SERVING % re.escape(path), head="its file")
+    r = ctl(d, "reload", "llama")
+    assert r.returncode == 0, r.stdout + r.stderr
+    d.wait_for_log(loaded)
+    assert "generation 2" in served(d, "llama")
+
+
 def test_a_chmod_of_the_origin_waits_for_the_operators_reload(tmp_path):
     """alice's chmod of her staged model's origin moves its ctime, the
     inode the same: nothing held it, so wcached cannot tell it from another
@@ -138,14 +149,9 @@ def test_a_chmod_of_the_origin_waits_for_the_operators_reload(tmp_path):
     d, team, m, _ = team_model(tmp_path, tmp_path, "yes")
     try:
         as_alice("exec 3>>m.safetensors; chmod 0444 m.safetensors; exec 3>&-", team)
-        generation_1_waits(d, "llama", NOT_SERVING % re.escape(m), head="its file")
-        r = ctl(d, "reload", "llama")
-        assert r.returncode == 0, r.stdout + r.stderr
-        d.wait_for_log(r'model "llama": generation 2 staged from ')
-        assert "generation 2" in served(d, "llama")
+        waits_then_the_operators_reload_loads(d, m, r'model "llama": generation 2 staged from ')
     finally:
         assert d.stop() == 0, d.read_log()
-
 
 
 def two_shard_index(team):
@@ -182,10 +188,6 @@ def test_her_shard_index_written_in_place_waits_for_the_operators_reload(tmp_pat
         ino = os.stat(index).st_ino
         as_alice("cat %s > %s" % (new, index), team)
         assert os.stat(index).st_ino == ino
-        generation_1_waits(d, "llama", NOT_SERVING % re.escape(index), head="its file")
-        r = ctl(d, "reload", "llama")
-        assert r.returncode == 0, r.stdout + r.stderr
-        d.wait_for_log(r'model "llama": generation 2 is current')
-        assert "generation 2" in served(d, "llama")
+        waits_then_the_operators_reload_loads(d, index, r'model "llama": generation 2 is current')
     finally:
         assert d.stop() == 0, d.read_log()
