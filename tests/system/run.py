@@ -181,7 +181,9 @@ def run_checks(c, debs, passed, failed, skipped, tracing):
 
 def check_syscalls(c, log_paths, passed, failed):
     """Every call the daemon made (LOG_PATHS, the strace of PID1) is one the
-    unit's filter permits, or a known probe (syscalls.PROBES)."""
+    unit's filter permits, or a known probe (syscalls.PROBES), and none is
+    answered ENOSYS but a probe or one glibc falls back from
+    (syscalls.FALLBACKS)."""
     name = "syscall_filter"
     try:
         allow, names = syscalls.unit_filter(c, UNIT)
@@ -195,6 +197,12 @@ def check_syscalls(c, log_paths, passed, failed):
         if bad:
             raise Failure("the unit's filter refuses calls wcached makes: " + ", ".join(
                 f"{n} ({k}x)" for n, k in sorted(bad.items())))
+        enosys = {n: k for n, k in syscalls.failed_with(calls, "ENOSYS").items()
+                  if n not in probes and n not in syscalls.FALLBACKS}
+        if enosys:
+            raise Failure("calls wcached makes are answered ENOSYS under the unit (a sandbox "
+                          "setting takes them away): " + ", ".join(
+                              f"{n} ({k}x)" for n, k in sorted(enosys.items())))
     except (Failure, RuntimeError, OSError) as e:
         failed.append(name)
         print(f"FAIL {name}: {e}", flush=True)
@@ -203,6 +211,10 @@ def check_syscalls(c, log_paths, passed, failed):
     note = (", refused as expected: " + ", ".join(
         f"{n if n in syscalls.PROBES.values() else syscalls.PROBES[int(n[8:])]} ({k}x)"
         for n, k in probes.items()) if probes else "")
+    fallbacks = syscalls.failed_with({n: calls[n] for n in syscalls.FALLBACKS if n in calls},
+                                     "ENOSYS")
+    note += (", ENOSYS where glibc falls back: " + ", ".join(
+        f"{n} ({k}x)" for n, k in sorted(fallbacks.items())) if fallbacks else "")
     print(f"ok   {name} ({len(calls)} distinct calls, all permitted{note})", flush=True)
 
 

@@ -20,12 +20,20 @@ WCACHED = "/usr/sbin/wcached"
 # 6.5) and statmount (6.8; mountrule.c asks it once where it is refused,
 # then reads the mount table).
 PROBES = {451: "cachestat", 457: "statmount"}
+# Calls a sandbox setting answers ENOSYS, where glibc falls back to an older
+# call by itself: clone3(2), whose flags live in a structure seccomp cannot
+# read, which systemd refuses so under RestrictNamespaces=. Any other call
+# answered ENOSYS on this kernel is one a setting of the unit took away:
+# openat2(2) under RestrictSUIDSGID=, which wcached's tree rules need.
+FALLBACKS = {"clone3"}
 
 _LINE = re.compile(r"^(\d+) +(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
 # A result; a PID in the result (of clone) is the container's, and
 # --decode-pids=pidns adds the host's, which the log's PIDs are.
 _RESULT = re.compile(r"\) += (-?\d+)(?: /\* (\d+) in strace's PID NS \*/)?")
 _UNKNOWN = re.compile(r"^syscall_0x([0-9a-f]+)$")
+# A failed call's errno: strace prints "= -1 ENOSYS (Function not implemented)".
+_ERRNO = re.compile(r"\) += -1 (E[A-Z0-9]+)\b")
 
 
 class Tracer:
@@ -92,7 +100,8 @@ def name_of(syscall):
 
 def daemon_calls(log_paths):
     """{syscall name: [(pid, result), ...]} of the wcached processes in the
-    strace logs; names strace does not know are 'syscall_NUMBER'."""
+    strace logs, the result a number or, for a failed call, its errno's name
+    ('ENOSYS'); names strace does not know are 'syscall_NUMBER'."""
     calls = {}
     for path in log_paths:
         for name, uses in _log_calls(path).items():
@@ -116,6 +125,7 @@ def _log_calls(log_path):
             finished = "<unfinished ...>" not in rest
             result = _RESULT.search(rest) if finished else None
             ret = int(result.group(1)) if result else None
+            errno = _ERRNO.search(rest) if finished else None
             host_pid = int(result.group(2)) if result and result.group(2) else None
             if started and name == "execve":
                 pending_exec[pid] = rest.split('"')[1] if '"' in rest else ""
@@ -138,7 +148,7 @@ def _log_calls(log_path):
                     daemon.add(host_pid)
                 entries = calls.setdefault(name_of(name), [])
                 if entries and entries[-1] == (pid, None):
-                    entries[-1] = (pid, ret)
+                    entries[-1] = (pid, errno.group(1) if errno else ret)
     return calls
 
 
@@ -150,6 +160,16 @@ def unit_filter(container, unit):
     if value.startswith("~"):
         return False, set(value[1:].split())
     return True, set(value.split())
+
+
+def failed_with(calls, errno):
+    """The calls in CALLS that failed with ERRNO (a name, 'ENOSYS'): {name: count}."""
+    out = {}
+    for name, uses in calls.items():
+        k = sum(1 for _, result in uses if result == errno)
+        if k:
+            out[name] = k
+    return out
 
 
 def refused(calls, allow, names):
