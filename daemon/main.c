@@ -787,6 +787,15 @@ main(int argc, char **argv)
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
 	uv_signal_start(&d.sighup, on_signal, SIGHUP);
 
+	/* stage_dir on a local filesystem (stage_dir_check_local): before a
+	 * warm restart looks its stored copies up there on the loop
+	 * (restore_model), before any staging or sweep, and before the
+	 * sockets exist, so that a start it refuses is never seen serving
+	 * for a moment (review rev221 M2), and stage_dir is not made on the
+	 * filesystem it refuses (L2). */
+	if (stage_dir_check_local(d.cfg->stage_dir) < 0)
+		start_fatal(&d);
+
 	/* The control socket, then the client socket (taken or created now,
 	 * so a second daemon fails at once; served when the configured models
 	 * are loaded); then drop root, before any model is opened. */
@@ -807,11 +816,6 @@ main(int argc, char **argv)
 	warn_shared_group(d.cfg);
 	if (d.reg.stage_dir == NULL)
 		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1);
-	/* Before a warm restart looks its stored copies up there on the
-	 * loop (restore_model), and before any staging or sweep. */
-	if (stage_dir_check_local(d.cfg->stage_dir) < 0)
-		start_fatal(&d);
-
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
 	uv_timer_init(&d.loop, &d.residency_timer);

@@ -552,19 +552,29 @@ def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_p
     FUSE filesystem a server that hangs would hold every client. So a
     stage_dir there is refused at start, with one line naming it and its
     filesystem type, and by --check, whatever the models' stage (here a
-    local model, stage = auto: before, wcached started and served it)."""
+    local model, stage = auto: before, wcached started and served it),
+    before its sockets exist and before it makes stage_dir there."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
         d, stage_dir = stage_daemon(tmp_path, {"local": local}, stage_dir=fs.path("staged"))
         user = as_user(*d.user) if d.user else []
-        # Run to its end: d.start() returns once the socket accepts, which
-        # it does for a moment before the refusal removes it.
-        r = subprocess.run([*user, binary("wcached"), "-c", d.conf],
+        # Run to its end (under strace where there is one: which sockets
+        # it bound).
+        trace = tmp_path / "bind.strace"
+        strace = ["strace", "-f", "-qq", "-e", "trace=bind", "-o", str(trace)] \
+            if shutil.which("strace") else []
+        r = subprocess.run([*user, *strace, binary("wcached"), "-c", d.conf],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1, r.stdout + r.stderr
         assert re.search(on_fuse(stage_dir), r.stderr), r.stderr
         assert not os.path.exists(d.socket), "the refused start left its socket"
+        # Refused before the sockets exist (review rev221 M2: before, a
+        # start bound them and accepted for a moment before the refusal
+        # removed them, so a caller that waits for the socket took it for
+        # a daemon serving).
+        if strace:
+            assert "bind(" not in trace.read_text(), trace.read_text()
         r = subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1, r.stdout + r.stderr
