@@ -84,13 +84,17 @@ done
 if [ "$cpu" = 1 ] && [ "$gib" = 8 ]; then gib=0.0625; fi
 export GPUBENCH_CPU=$cpu
 
-t_start=$(date +%s)
+# The clock, a builtin that forks nothing (bash 4.2 and later; EPOCHSECONDS
+# is bash 5.0's, and bash 4.4, RHEL 8's, would end the run at its first
+# step under set -u): now VAR sets VAR to the seconds since the epoch.
+now() { printf -v "$1" '%(%s)T' -1; }
+now t_start
 step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
-	local label t0 rc limit left pid logs tick tails=() cap=$step_timeout
+	local label t0 tick_s rc limit left pid logs tick tails=() cap=$step_timeout
 	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
 	label=$1
 	shift
-	t0=$EPOCHSECONDS
+	now t0
 	# What the whole run has left (RUN_BUDGET), so that a hung step
 	# leaves the time for the report: the device call's own limit
 	# would otherwise kill the run before it printed anything.
@@ -130,7 +134,7 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
 	tails+=($!)
 	# The watch runs no command in the foreground (builtins only: the
-	# clock from EPOCHSECONDS, the pause a read that times out on a FIFO
+	# clock from now, the pause a read that times out on a FIFO
 	# we hold both ends of): a SIGINT that reaches bash while it waits for
 	# a foreground command that then exits normally (a sleep) is taken as
 	# handled by that command, and bash drops it, trap and all (1 in about
@@ -138,7 +142,8 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	# running, the run going on; the read builtin runs the trap at once).
 	exec {tick}<>"$logs/tick"
 	while kill -0 "$pid" 2>/dev/null; do
-		if [ $((EPOCHSECONDS - t0)) -ge $((limit + 8)) ]; then
+		now tick_s
+		if [ $((tick_s - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
 			trap - INT TERM
@@ -163,7 +168,8 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 			echo "== $label: FAILED (exit $rc)" >&2
 		return $rc
 	fi
-	echo "== $label: $((EPOCHSECONDS - t0)) s" >&2
+	now tick_s
+	echo "== $label: $((tick_s - t0)) s" >&2
 }
 
 failed=()

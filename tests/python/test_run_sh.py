@@ -45,8 +45,13 @@ def test_run_sh_cpu_mode(tmp_path):
                        f"*' register-threads '*) export GPUBENCH_PIN_DELAY=0.005 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
+    # A bash without EPOCHSECONDS (bash 5.0's; 4.4 is RHEL 8's): unset
+    # before the script starts (BASH_ENV), where it would die at its first
+    # step under set -u (rev220's reproduction), with no report.
+    (tmp_path / "bash44.env").write_text("unset EPOCHSECONDS\n")
     env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", OUT=str(out_dir),
-               PYTHONPATH=standins(tmp_path / "standins"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+               PYTHONPATH=standins(tmp_path / "standins"), PATH=f"{bin_dir}:{os.environ['PATH']}",
+               BASH_ENV=str(tmp_path / "bash44.env"))
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
                  "GPUBENCH_PIN_DELAY"):
         env.pop(name, None)
