@@ -298,7 +298,18 @@ cleanup() {
 trap cleanup EXIT
 
 echo "wcache device check: $(date -u +%FT%TZ), $(uname -n), mode $([ "$cpu" = 1 ] && echo cpu || echo cuda), model ${gib} GiB, build ${build:-none}" >&2
-echo "host: kernel $(uname -r), $(nproc) CPUs, memory $(awk '/^MemTotal:/ { t = $2 } /^MemAvailable:/ { a = $2 } END { printf "%.1f GiB available of %.1f", a / 1048576, t / 1048576 }' /proc/meminfo 2>/dev/null)" >&2
+# glibc: what the carry's binaries and libwcache.so.0 need (MANIFEST says
+# which, below); bash: the script's own (bash 4.2 and later).
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null) && glibc=${glibc#glibc } || glibc=""
+memory=$(awk '/^MemTotal:/ { t = $2 } /^MemAvailable:/ { a = $2 } END {
+	printf "%.1f GiB available of %.1f", a / 1048576, t / 1048576 }' /proc/meminfo 2>/dev/null)
+echo "host: kernel $(uname -r), glibc ${glibc:-unknown}, bash $BASH_VERSION," \
+	"$(nproc) CPUs, memory $memory" >&2
+# The interpreter every step runs (PYTHON), before the CUDA check, which
+# is the first to import torch.
+py_path=$(command -v "$py" 2>/dev/null) || py_path="not found"
+py_version=$(timeout -k 2 10 "$py" --version 2>&1 | head -1) || py_version="no answer (exit $?)"
+echo "python: $py = $py_path: ${py_version:-no answer}" >&2
 echo "work directory $work: $(stat -f -c %T "$work" 2>/dev/null || echo unknown), $(df -Pk "$work" 2>/dev/null | awk 'NR == 2 { printf "%.1f GiB free", $4 / 1048576 }')" >&2
 # What the tree was built from (a carry's MANIFEST says), against this tree:
 # a carry made from other sources may not match the Python that loads it.
@@ -314,6 +325,14 @@ if [ -n "$build" ] && [ -f "$build/MANIFEST" ]; then
 	fi
 	if [ -n "$built_sources" ] && [ "$built_sources" != "$tree_sources" ]; then
 		echo "WARNING: $build was made from other C sources than this tree's: make gpu-carry again" >&2
+	fi
+	# Its wcached and wcachectl and the libwcache.so.0 Python loads all
+	# need it: an older glibc fails every step that needs wcache.
+	needs=$(sed -n 's/^# needs glibc >= \([0-9][0-9.]*\).*/\1/p' "$build/MANIFEST")
+	if [ -n "$needs" ] && [ -n "$glibc" ] &&
+		[ "$(printf '%s\n' "$needs" "$glibc" | sort -V | head -1)" != "$needs" ]; then
+		echo "WARNING: $build needs glibc >= $needs, this host has $glibc:" \
+			"every wcache step will fail" >&2
 	fi
 else
 	echo "commit: tree $tree_commit" >&2

@@ -75,7 +75,15 @@ def test_run_sh_cpu_mode(tmp_path):
     after = lines[lines.index(next(x for x in lines if x.startswith("wcache, new path  "))) + 1]
     assert after.startswith("    view ") and ", register " in after and ", copy " in after and \
         ", unregister " in after and "; why: cpu: source registered read-only" in after, after
-    # the header names the host
+    # the header names the host: its glibc (which the carry needs), bash,
+    # and the interpreter every step runs
+    bash = subprocess.run(["bash", "-c", "echo $BASH_VERSION"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    version = subprocess.run([sys.executable, "--version"], capture_output=True,
+                             text=True).stdout.strip()
+    assert f", glibc {glibc}, bash {bash}, " in r.stderr, r.stderr
+    assert f"\npython: {wrapper} = {wrapper}: {version}\n" in r.stderr, r.stderr
     for said in ("host: kernel ", "work directory ", "packages: numpy ", "accelerate ",
                  "read-only host registration "
                  "(cudaDevAttrHostRegisterReadOnlySupported): unknown", "nvidia-smi: "):

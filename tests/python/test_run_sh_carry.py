@@ -128,7 +128,9 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
     steps that need no wcache (pinned memory, upstream safetensors,
     torch.load, transformers plainly) run and are reported; the others are
     failed steps, and the reason is said. Its MANIFEST names other C
-    sources than this tree's: the header warns."""
+    sources than this tree's, and a glibc newer than any (99.1): the
+    header warns of both, the second in one line saying that every wcache
+    step will fail (before, only the loader's message said why)."""
     carry = tmp_path / "carry"
     (carry / "bin").mkdir(parents=True)
     (carry / "lib").mkdir()
@@ -138,7 +140,8 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
             f"\\`GLIBC_2.34' not found (required by {carry}/bin/{b})\" >&2\nexit 1\n")
         (carry / "bin" / b).chmod(0o755)
     (carry / "lib" / "libwcache.so.0").write_bytes(b"not a library\n")
-    (carry / "MANIFEST").write_text("# commit 0000000\n# sources 0000000000000000\n")
+    (carry / "MANIFEST").write_text(f"# needs glibc >= 99.1; run: tests/gpu/run.sh --build "
+                                    f"{carry}\n# commit 0000000\n# sources 0000000000000000\n")
     # host-info (the header's lines) succeeds at once
     env = dict(os.environ, PYTHON=_python(tmp_path / "python", "*' host-info'*) exit 0 ;;"),
                STEP_TIMEOUT="120", PYTHONPATH=standins(tmp_path / "standins"))
@@ -151,6 +154,9 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
     assert "TIMEOUT" not in out and "ABANDONED" not in out, out
     assert "run.sh: no wcache here: " in r.stderr and "GLIBC_2.34' not found" in r.stderr, out
     assert "WARNING: " in r.stderr and "other C sources than this tree's" in r.stderr, out
+    glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    assert f"\nWARNING: {carry} needs glibc >= 99.1, this host has {glibc}: every wcache " \
+        f"step will fail\n" in r.stderr, out
     table = {line[:44].strip(): line[44:].split() for line in r.stdout.splitlines()
              if len(line) > 44}
     for label in ("pinned anonymous memory (the limit)", "safetensors.torch.load_file(device=)",
