@@ -14,7 +14,10 @@ just after each range is registered, in one more load after the timed ones
 and untimed, since the reads run inside the load; for host registration,
 Anonymous in
 /proc/self/smaps of the handles' mappings, kept until after a transformers
-load; their unmapping is then not in the load time). libwcache
+load, then let go, timed, and the unmapping added to the load's seconds, as
+the plain load's is inside its timing). A row is judged only where
+(nearly) every page registered was present when read, as a pin makes
+them. libwcache
 maps model files MAP_PRIVATE, and since Linux 6.2 a long-term read-only pin
 of a private file mapping makes the kernel copy each pinned page ("mm/gup:
 reliable R/O long-term pinning in COW mappings"); whether the NVIDIA
@@ -472,7 +475,10 @@ def _cpu_engine():
     GPUBENCH_COW=1: each registration does what Linux 6.2+ does at a
     long-term pin of a private file mapping: every page of the range is
     copied into the process (made writable, each byte written back, made
-    read-only again); a shared view cannot be, and stays the page cache.
+    read-only again); a shared view cannot be, and stays the page cache,
+    its pages made present (read) as a pin makes them. (Without it the
+    backend touches nothing: its pages are not present when read, and the
+    target is n/a.)
     So the tests can show that the page-cache target fails when
     registration copies."""
     from wcache import _device
@@ -520,16 +526,18 @@ def _unshare(addr, nbytes):
     """Copies [addr, addr + nbytes) into private pages where the mapping
     allows it (a private mapping): one byte of each page written back as it
     is (a write fault copies the page); a shared mapping of a read-only
-    file refuses PROT_WRITE (EACCES) and is left as it is."""
+    file refuses PROT_WRITE (EACCES), and its pages are read instead,
+    which maps them present and shared, as the pin does."""
     import ctypes
     import numpy as np
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     read, write = 1, 2  # PROT_READ, PROT_WRITE
+    pages = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))[::PAGE]
     if libc.mprotect(addr, nbytes, read | write) != 0:
+        int(pages.sum())  # read faults: the page cache's pages, mapped
         return
     try:
-        pages = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))[::PAGE]
         pages[:] = pages.copy()
     finally:
         libc.mprotect(addr, nbytes, read)
@@ -586,7 +594,11 @@ def _watch_registrations(watch):
     """Records in watch, for every range a backend registers, while it is
     registered (after cudaHostRegister returned, before its copies): the
     bytes registered, how many of them are present and how many are this
-    process's private copies (private_pages). That is what "registration
+    process's private copies (private_pages), whether the backend pins
+    long-term (the engine then registers shared views), and why the
+    pagemap could not be read (None where it could: a read that fails
+    returns the registration all the same, so that the engine unregisters
+    it, and the row says so instead of figures). That is what "registration
     left the page cache shared" asks of the memory registered itself,
     whichever mapping the engine registers (on CUDA a shared view, which
     the engine unmaps after the copy, so that reading the model's own
@@ -602,8 +614,13 @@ def _watch_registrations(watch):
 
         def register(self, addr, nbytes, real=real):
             owned = real(self, addr, nbytes)
-            present, private = private_pages(addr, addr + nbytes)
-            watch.items.append((nbytes, present * PAGE, private * PAGE))
+            views = getattr(self, "pins_long_term", False)
+            try:
+                present, private = private_pages(addr, addr + nbytes)
+            except Exception as e:  # registered: raising would leave it so, unknown
+                watch.items.append((nbytes, None, None, views, f"{type(e).__name__}: {e}"))
+                return owned
+            watch.items.append((nbytes, present * PAGE, private * PAGE, views, None))
             return owned
         cls.register = register
 
@@ -615,12 +632,21 @@ def _watch_registrations(watch):
 
 def _registration_figures(items):
     """The row's figures from _watch_registrations' items: MiB registered,
-    present and private (the copy-on-write the target judges)."""
+    present and private (the copy-on-write the target judges), and views
+    where every range was a shared view; where a pagemap read failed,
+    "pagemap" says why in place of present and private."""
     if not items:
         return {}
-    return {"registered_mib": round(sum(i[0] for i in items) / MIB, 1),
-            "present_mib": round(sum(i[1] for i in items) / MIB, 1),
-            "private_mib": round(sum(i[2] for i in items) / MIB, 1)}
+    row = {"registered_mib": round(sum(i[0] for i in items) / MIB, 1)}
+    failed = [i[4] for i in items if i[4] is not None]
+    if failed:
+        row["pagemap"] = f"unreadable ({failed[0]})"
+    else:
+        row.update(present_mib=round(sum(i[1] for i in items) / MIB, 1),
+                   private_mib=round(sum(i[2] for i in items) / MIB, 1))
+    if all(i[3] for i in items):
+        row["views"] = True
+    return row
 
 
 def _check(torch, path, state, names=3):
@@ -1339,18 +1365,29 @@ def _watch_handles(watch):
 
 
 def _handle_figures(watch):
-    """(handles, registered, data bytes, private bytes) of the handles
-    _watch_handles kept; lets their mappings go."""
+    """(handles, registered, data bytes, bytes present or why the pagemap
+    could not be read (str), private bytes, seconds unmapping) of the
+    handles _watch_handles kept; then lets their mappings go, timed:
+    without the watch they would have gone at transformers' close, inside
+    the load's timing, as upstream's mappings go in the plain load's, so
+    the load's seconds count them (cmd_llama_load)."""
     from wcache import _hostreg
-    registered = nbytes = private = 0
-    for held, table, _ in watch.items:
-        ranges = _hostreg.host_ranges(table)
-        registered += held
+    registered = nbytes = present = private = 0
+    for item in watch.items:  # (not unpacked: a name left bound would keep a handle)
+        ranges = _hostreg.host_ranges(item[1])
+        registered += item[0]
         nbytes += sum(hi - lo for lo, hi in ranges)
+        try:
+            if not isinstance(present, str):
+                present += sum(private_pages(lo, hi)[0] for lo, hi in ranges) * PAGE
+        except Exception as e:
+            present = f"{type(e).__name__}: {e}"
         private += anon_bytes(ranges)
     n = len(watch.items)
-    watch.items.clear()
-    return n, registered, nbytes, private
+    item = None
+    t0 = time.perf_counter()
+    watch.items.clear()  # the last references to the handles: their mappings go
+    return n, registered, nbytes, present, private, time.perf_counter() - t0
 
 
 # What from_pretrained imports on first use (transformers imports lazily):
@@ -1478,9 +1515,15 @@ def cmd_llama_load(a):
     if a.mode != "plain":
         row["hook"] = hook
         row["sources"] = ",".join(sorted(set(sources))) or "none"
-        n, registered, nbytes, private = _handle_figures(watch)
-        row.update(registered=registered, handles=n, mib=round(nbytes / MIB, 1),
+        n, registered, nbytes, present, private, unmap = _handle_figures(watch)
+        # the unmapping the watch held back, counted as the plain load's is
+        row.update(seconds=round(dt + unmap, 3), unmap_s=round(unmap, 4),
+                   registered=registered, handles=n, mib=round(nbytes / MIB, 1),
                    private_mib=round(private / MIB, 1))
+        if isinstance(present, str):
+            row["pagemap"] = f"unreadable ({present})"
+        else:
+            row["present_mib"] = round(present / MIB, 1)
         if closes is not None:
             row["held_at_copy"] = held  # ranges registered while .to() copied
     emit(a.results, **row)
@@ -1570,23 +1613,36 @@ def targets(rows):
     # "register", or handles registered): a staged load pins nothing, and
     # its 0 MiB would say nothing about registration.
     # The engine's rows measure the ranges it registered, while registered
-    # (registered_mib, private_mib: _watch_registrations); the
-    # WCACHE_HOST_REGISTER=1 row the registered handles' mappings (mib).
+    # (registered_mib, present_mib, private_mib: _watch_registrations); the
+    # WCACHE_HOST_REGISTER=1 row the registered handles' mappings (mib,
+    # present_mib), after the load. Judged only where (nearly) every page
+    # was present when read, as a pin makes them: a page not present is
+    # neither shared nor private, and 0 MiB private of nothing present
+    # measured nothing (a driver that does not pin, a pagemap without
+    # present bits, the CPU backend, which pins nothing).
     for key, label in (("wcache", "new path"),
                        ("transformers_wcache_hostreg", "WCACHE_HOST_REGISTER=1")):
         r = by.get(key)
+        label += ": registration left the page cache shared"
         private = None if r is None else r.get("private_mib")
         size = None if r is None else r.get("registered_mib", r.get("mib"))
+        present = None if r is None else r.get("present_mib")
         registered = r is not None and (r.get("registered_mib", 0) > 0
                                         or r.get("registered", 0) > 0)
-        if private is not None and not registered:
-            judge(f"{label}: registration left the page cache shared", None,
-                  f"nothing registered (path {r.get('path') or '-'}, "
-                  f"{r.get('registered', 0)} handles registered)")
-            continue
-        judge(f"{label}: registration left the page cache shared", None if private is None
-              or not size else private < 0.01 * size,
-              "" if private is None else f"{private} MiB private of {size:.1f} MiB registered")
+        if r is not None and "pagemap" in r:
+            judge(label, None, f"pagemap {r['pagemap']}: nothing measured")
+        elif private is not None and not registered:
+            judge(label, None, f"nothing registered (path {r.get('path') or '-'}, "
+                               f"{r.get('registered', 0)} handles registered)")
+        elif private is None or not size:
+            judge(label, None, "")
+        elif present is None or present < 0.99 * size:
+            judge(label, None, f"pages not present when read: nothing measured ("
+                               f"{'-' if present is None else present} MiB present of "
+                               f"{size:.1f} MiB registered)")
+        else:
+            judge(label, private < 0.01 * size,
+                  f"{private} MiB private of {size:.1f} MiB registered")
     return out
 
 
@@ -1595,9 +1651,12 @@ def engine_line(r):
     its path ("register 0.012 s, copy 0.310 s, ...; why: ...")."""
     parts = [f"{k} {r[k + '_s']:.3f} s" for k in ("view", "register", "copy", "unregister")
              if k + "_s" in r]
-    if "registered_mib" in r:  # the registered ranges, read while registered
+    if "registered_mib" in r and "pagemap" in r:
+        parts.append(f"registered {r['registered_mib']} MiB: pagemap {r['pagemap']}")
+    elif "registered_mib" in r:  # the registered ranges, read while registered
         parts.append(f"registered {r['registered_mib']} MiB: {r.get('present_mib')} present, "
-                     f"{r.get('private_mib')} private")
+                     f"{r.get('private_mib')} private" +
+                     (" (shared views: private 0 by construction)" if r.get("views") else ""))
     return ", ".join(parts) + (f"; why: {r['why']}" if r.get("why") else "")
 
 
@@ -1718,7 +1777,10 @@ def cmd_report(a):
             line += f"  {faster[key]:5.2f}x plain"
         if "private_mib" in r:
             line += (f"  ({r['registered']} of {r['handles']} handles registered, "
-                     f"{r['private_mib']} MiB private of {r['mib']} MiB)")
+                     f"{r['private_mib']} MiB private of {r['mib']} MiB"
+                     + (f", {r['present_mib']} present)" if "present_mib" in r else ")"))
+        if "unmap_s" in r:  # held back by the watch, counted as the plain load's is
+            line += f"  (unmapping {r['unmap_s'] * 1000:.0f} ms of it)"
         if "held_at_copy" in r:
             line += f"  ({r['held_at_copy']} ranges registered during .to())"
         if r.get("how", "device_map") != "device_map":

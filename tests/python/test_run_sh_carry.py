@@ -118,7 +118,9 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
         assert f"== {step}: " in r.stderr, (step, out)
     assert f"C sources: carry {sources}, tree {sources}" in out and "WARNING" not in out, out
     assert "== transformers is not installed: skipped" in r.stderr, out
-    assert "PASS  new path: registration left the page cache shared" in r.stdout, out
+    # the CPU backend pins nothing: n/a, its pages not present when read
+    assert "n/a   new path: registration left the page cache shared  (pages not present" in \
+        r.stdout, out
 
 
 def test_run_sh_without_a_wcache_that_starts(tmp_path):
