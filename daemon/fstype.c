@@ -115,6 +115,7 @@ fstype_classify_name(const char *type, struct fs_info *out)
 {
 	memset(out, 0, sizeof(*out));
 	snprintf(out->name, sizeof(out->name), "%s", type);
+	snprintf(out->type, sizeof(out->type), "%s", type);
 	/* "nfs4" is nfs, "fuse.sshfs" and "fuseblk" fuse, "smb3" smb. */
 	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
 		if (strncmp(type, known[i].name, strlen(known[i].name)) == 0) {

@@ -24,6 +24,10 @@
 struct fs_info {
 	unsigned long magic;  /* f_type */
 	char name[16];        /* "ext4", "nfs", "fuse", or "0x1234abcd" when unknown */
+	/* The type as the mount table names it ("nfs4", "fuse.sshfs",
+	 * "fuseblk"; cut at 31 bytes), for lines naming a mount (review
+	 * rev221 L3); "" from statfs. */
+	char type[32];
 	bool remote;          /* a network or FUSE filesystem (see above) */
 	bool known;           /* a type fstype.c knows (name is not its magic) */
 	/* A FUSE mount a user made (fusermount3: mountinfo's super options say

@@ -37,6 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/path.h"
 #include "diracl.h"
 #include "mountrule.h"
 #include "registry_internal.h"
@@ -199,23 +200,18 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	else
 		err = mountrule_hand_at(&h, dir);
 	while (err == 0) {
-		size_t len;
+		int next_name = path_next_name(&p, name);
 
-		while (*p == '/')
-			p++;
-		if (*p == '\0') { /* the path ends at the directory reached */
+		if (next_name == 0) { /* the path ends at the directory reached */
 			if (diracl_fstat(dir, &w->end) != 0)
 				err = -errno;
 			w->end_dir = w->end;
 			break;
 		}
-		if ((len = strcspn(p, "/")) > NAME_MAX) {
-			err = -ENAMETOOLONG;
+		if (next_name < 0) {
+			err = next_name;
 			break;
 		}
-		memcpy(name, p, len);
-		name[len] = '\0';
-		p += len;
 		if (strcmp(name, ".") == 0)
 			continue;
 		if (strcmp(name, "..") == 0) {

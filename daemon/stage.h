@@ -167,15 +167,21 @@ int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
  * event loop (a warm restart finds each stored copy there by identity,
  * restore_check.c's fd_path; a reload prepares it), and on a network or
  * FUSE filesystem a server that hangs would hold the loop, every client
- * with it; a copy there would also be no local copy. stage_dir, or where
- * it is missing the nearest directory above it that exists (where it
- * would be made), is walked by the judged walk (mountrule_open: a user's
- * FUSE mount on the way is refused, EXDEV, its server never asked) and its
- * mount told from the mount table (statx AT_STATX_DONT_SYNC, no server
- * asked). 0 where it is local or cannot be told (the walk failed
- * otherwise: stage_prepare_dir says why); -EREMOTE (-EXDEV) with one line
- * naming stage_dir and its filesystem type (the mount refused) where the
- * mount rules call it remote (fstype.h). Blocking: at start, and on the
+ * with it; a copy there would also be no local copy. stage_dir's path is
+ * walked by hand, one name at a time, links followed as the kernel follows
+ * them, and each mount the walk would cross is judged before anything on
+ * it is looked up (statx AT_STATX_DONT_SYNC of the walk's descriptor: its
+ * mount ID, told by the mount table; mountrule_step: a user's FUSE mount
+ * or one gone is refused, EXDEV): the first network or FUSE mount on the
+ * way (root's too, and where a link leads) is refused, its server never
+ * asked (review rev221 M1: a local mount beneath it is looked up through
+ * it). The mount the walk starts on ("/") is judged only where the walk
+ * ends on it. Where stage_dir is missing, the walk ends in the directory
+ * it would be made in. 0 where every mount is local or cannot be told
+ * (the walk failed otherwise: stage_prepare_dir says why); -EREMOTE
+ * (-EXDEV) with one line naming stage_dir, the mount on the way and its
+ * type as the mount table names it ("fuse.sshfs"), ending "stage_dir must
+ * be on a local filesystem (...)". Blocking: at start, --check, and on the
  * work queue (a reload's read).
  */
 int stage_dir_check_local(const char *stage_dir);

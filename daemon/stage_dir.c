@@ -133,40 +133,169 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 	return err;
 }
 
+/* The most links stage_dir_check_local's walk follows (the kernel's). */
+#define LOCAL_WALK_LINKS 40
+/* What every line refusing stage_dir ends with (review rev221 L3: one wording). */
+#define LOCAL_WHY "stage_dir must be on a local filesystem (wcached looks copies up there by " \
+	"name on its event loop, which a server that hangs would stop, and a copy there is " \
+	"no local copy)"
+
+/* The filesystem of the mount fd is on, from the mount table t (its mount
+ * ID, statx AT_STATX_DONT_SYNC: no server asked; its device before Linux
+ * 5.8); "unknown", local, where the table does not say. */
+static void
+mount_of(struct fs_table *t, int fd, struct fs_info *fs)
+{
+	struct statx sx;
+	int r;
+
+	r = statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
+		STATX_MNT_ID, &sx) == -1 ? -errno : (sx.stx_mask & STATX_MNT_ID) != 0 ?
+		fstype_table_find_id(t, sx.stx_mnt_id, fs) :
+		fstype_table_find(t, makedev(sx.stx_dev_major, sx.stx_dev_minor), fs);
+	if (r < 0)
+		fstype_classify_name("unknown", fs);
+}
+
+/* where (the path walked so far) with name walked onto, ".." one up. */
+static void
+walked(char *where, size_t size, const char *name)
+{
+	size_t n = strlen(where);
+	char *slash;
+
+	if (strcmp(name, "..") != 0) {
+		snprintf(where + n, size - n, "%s%s", n > 0 && where[n - 1] != '/' ? "/" : "",
+			name);
+		return;
+	}
+	if ((slash = strrchr(where, '/')) != NULL && slash != where)
+		*slash = '\0';
+	else if (slash != NULL)
+		slash[1] = '\0';
+}
+
+/* The remote mount the walk of stage_dir is refused at: where (stage_dir
+ * itself, or a directory on the way to it), and its type. */
+static int
+refuse_remote(const char *stage_dir, const char *where, const struct fs_info *fs)
+{
+	const char *type = fs->type[0] != '\0' ? fs->type : fs->name;
+
+	if (strcmp(where, stage_dir) == 0)
+		return error_set(-EREMOTE, "stage_dir %s is on %s, a network or FUSE "
+			"filesystem: " LOCAL_WHY, stage_dir, type);
+	return error_set(-EREMOTE, "stage_dir %s: %s, on the way to it, is on %s, a network or "
+		"FUSE filesystem: " LOCAL_WHY, stage_dir, where, type);
+}
+
 int
 stage_dir_check_local(const char *stage_dir)
 {
-	struct fs_table t = FS_TABLE_INIT("/proc/self/mountinfo");
-	char why[MOUNTRULE_WHY], *at = strdup(stage_dir), *up;
-	struct fs_info fs = { .remote = false };
-	struct statx sx;
-	int fd, r;
+	struct mountrule_hand h = { .path = stage_dir };
+	/* The filesystems of the directory walked to, and of a name in it. */
+	struct fs_info fs = { .remote = false }, on;
+	char where[PATH_MAX], why[MOUNTRULE_WHY], name[NAME_MAX + 1], text[PATH_MAX];
+	char *todo = strdup(stage_dir), *next;
+	const char *p = todo;
+	int dir = -1, fd, err, links = 0;
+	bool stood;
+	dev_t start = 0, dev;
+	struct stat st;
+	ssize_t n;
 
-	if (at == NULL)
+	if (todo == NULL)
 		return error_set(-ENOMEM, "out of memory");
-	/* Missing: the directory it would be made in. */
-	while ((fd = mountrule_open(NULL, at, why, sizeof(why))) == -ENOENT &&
-		strcmp(at, "/") != 0 && (up = path_dir(at)) != NULL) {
-		free(at);
-		at = up;
+	/*
+	 * Walked by hand, one name at a time (links followed as the kernel
+	 * follows them), each mount judged before anything on it is looked
+	 * up (review rev221 M1): the first network or FUSE mount on the way
+	 * is refused, root's too, its server never asked (mountrule_open's
+	 * walk steps into root's and looks names up there, which waits with
+	 * a server that hangs, and judged only the mount it ended on). The
+	 * mount the walk starts on ("/") is walked as it must be, and judged
+	 * where the walk ends on it.
+	 */
+	mountrule_walk_init(&h.run);
+	snprintf(where, sizeof(where), "%s", stage_dir[0] == '/' ? "/" : ".");
+	if ((dir = open(where, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+		err = -errno;
+	else if ((err = mountrule_hand_at(&h, dir)) == 0) {
+		start = h.dev;
+		mount_of(&h.run.table, dir, &fs);
 	}
-	free(at);
-	if (fd == -EXDEV)
-		return error_set(-EXDEV, "stage_dir %s: %s: stage_dir must be on a local "
-			"filesystem", stage_dir, why);
-	if (fd < 0)
-		return 0;
-	r = statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_MNT_ID, &sx) == -1 ? -errno :
-		(sx.stx_mask & STATX_MNT_ID) != 0 ? fstype_table_find_id(&t, sx.stx_mnt_id, &fs) :
-		fstype_table_find(&t, makedev(sx.stx_dev_major, sx.stx_dev_minor), &fs);
-	close(fd);
-	fstype_table_free(&t);
-	if (r < 0 || !fs.remote)
-		return 0;
-	return error_set(-EREMOTE, "stage_dir %s is on %s, a network or FUSE filesystem: "
-		"stage_dir must be on a local one (wcached looks copies up there by name on its "
-		"event loop, which a server that hangs would stop, and a copy there is no local "
-		"copy)", stage_dir, fs.name);
+	while (err == 0) {
+		if ((err = path_next_name(&p, name)) <= 0)
+			break;
+		err = 0;
+		if (strcmp(name, ".") == 0)
+			continue;
+		/* Missing (made here), or another failure: the walk ends here. */
+		if ((fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+			err = -errno;
+			break;
+		}
+		/* A user's FUSE mount, or one gone: mountrule_step's refusal. */
+		if ((err = mountrule_step(&h, fd, name, &dev, why, sizeof(why))) == -EXDEV)
+			err = error_set(-EXDEV, "stage_dir %s: " LOCAL_WHY, why);
+		on = fs;
+		if (err == 0 && dev != h.dev)
+			mount_of(&h.run.table, fd, &on);
+		if (err == 0 && on.remote && dev != start) {
+			walked(where, sizeof(where), name);
+			err = refuse_remote(stage_dir, where, &on);
+		}
+		if (err == 0 && fstat(fd, &st) != 0)
+			err = -errno;
+		if (err == 0 && S_ISLNK(st.st_mode) && strcmp(on.name, "proc") == 0) {
+			walked(where, sizeof(where), name);
+			err = error_set(-EXDEV, "stage_dir %s: %s is a link on /proc (its text "
+				"need not be where it leads): " LOCAL_WHY, stage_dir, where);
+		}
+		if (err != 0 || !S_ISLNK(st.st_mode)) {
+			if (err == 0) { /* into what it names */
+				walked(where, sizeof(where), name);
+				close(dir);
+				dir = fd;
+				h.dev = dev;
+				fs = on;
+			} else {
+				close(fd);
+			}
+			continue;
+		}
+		/* A link: its text, then what is left of the path, from the
+		 * directory holding it or, for an absolute text, "/". */
+		n = ++links > LOCAL_WALK_LINKS ? (errno = ELOOP, -1) :
+			readlinkat(fd, "", text, sizeof(text));
+		close(fd);
+		if (n < 0 || (size_t)n >= sizeof(text) ||
+			asprintf(&next, "%.*s%s", (int)n, text, p) < 0) {
+			err = n < 0 ? -errno : (size_t)n >= sizeof(text) ? -ENAMETOOLONG : -ENOMEM;
+			continue;
+		}
+		free(todo);
+		p = todo = next;
+		if (text[0] == '/') {
+			close(dir);
+			snprintf(where, sizeof(where), "/");
+			if ((dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+				err = -errno;
+			else if ((err = mountrule_hand_at(&h, dir)) == 0)
+				mount_of(&h.run.table, dir, &fs);
+		}
+	}
+	if ((stood = dir >= 0))
+		close(dir);
+	mountrule_walk_end(&h.run);
+	free(todo);
+	if (err == -EXDEV || err == -EREMOTE)
+		return err;
+	/* Where it ends (stage_dir, or the directory it would be made in;
+	 * where the walk failed otherwise, stage_prepare_dir says why). */
+	if (stood && fs.remote)
+		return refuse_remote(stage_dir, where, &fs);
+	return 0;
 }
 
 int

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,23 @@ path_dir(const char *path)
 	if (slash == path)
 		return strdup("/");
 	return strndup(path, (size_t)(slash - path));
+}
+
+int
+path_next_name(const char **p, char *name)
+{
+	size_t len;
+
+	while (**p == '/')
+		(*p)++;
+	if (**p == '\0')
+		return 0;
+	if ((len = strcspn(*p, "/")) > NAME_MAX)
+		return -ENAMETOOLONG;
+	memcpy(name, *p, len);
+	name[len] = '\0';
+	*p += len;
+	return 1;
 }
 
 int

@@ -23,6 +23,12 @@ char *path_join(const char *dir, const char *name);
  * of memory. */
 char *path_dir(const char *path);
 
+/* The next name of the path text *p (a walk's, one name at a time): the
+ * slashes before it skipped, copied into name (room for NAME_MAX + 1),
+ * *p past it. 1, 0 where the text ends (no name), or -ENAMETOOLONG where
+ * the name is longer than NAME_MAX (*p then past the slashes only). */
+int path_next_name(const char **p, char *name);
+
 /* Writes all of buf[0..len) to fd, retrying after EINTR and short writes.
  * 0, or a negative errno (-EIO when write returns 0). */
 int fd_write_all(int fd, const void *buf, size_t len);

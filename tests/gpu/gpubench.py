@@ -446,7 +446,7 @@ def cmd_daemon(a):
         # wcached refuses a stage_dir on a filesystem it takes for a network
         # or FUSE one (README, "Staging"), as a gVisor sandbox's gofer files
         # are (9p): one in /dev/shm (tmpfs) then, removed by stop.
-        if "stage_dir must be on a local one" not in str(e):
+        if "stage_dir must be on a local filesystem" not in str(e):
             raise
         stage_dir = shm_stage_dir(a)
         log(f"  stage_dir {os.path.join(os.path.realpath(a.dir), 'stage')} refused (not "

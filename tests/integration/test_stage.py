@@ -539,11 +539,21 @@ def remotefs():
     return rfs
 
 
-def on_fuse(stage_dir):
+def on_fuse(stage_dir, mount=r"\S+"):
     """The one line wcached refuses stage_dir with on remotefs's mount
-    (stage.h stage_dir_check_local), as a regular expression."""
-    return (re.escape(f"stage_dir {stage_dir} is on fuse") + r"\S*" +
-            re.escape(", a network or FUSE filesystem: stage_dir must be on a local one"))
+    (stage.h stage_dir_check_local), as a regular expression: at the
+    mount on the way to it (mount: a regular expression), the mount table's
+    type named (review rev221 L3)."""
+    return (re.escape(f"stage_dir {stage_dir}: ") + mount + re.escape(", on the way to it, is on ") +
+            r"fuse\.remotefs" +
+            re.escape(", a network or FUSE filesystem: stage_dir must be on a local filesystem"))
+
+
+def check(d, timeout=30):
+    """wcached --check of d's configuration (as d's user), run to its end."""
+    user = as_user(*d.user) if d.user else []
+    return subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_path):
@@ -604,6 +614,86 @@ def test_a_reload_to_a_stage_dir_on_a_fuse_filesystem_is_refused(tmp_path):
             assert not os.path.exists(fs.backing_path("staged"))
         finally:
             assert d.stop() == 0, d.read_log()
+
+
+def test_a_stage_dir_under_a_hung_fuse_server_is_refused_without_asking_it(tmp_path):
+    """stage_dir's check judges each mount its walk would cross before it
+    looks anything up on it (review rev221 M1): with the server of the
+    FUSE mount above stage_dir hung, --check and a reload are refused at
+    once, naming the mount. Before, the check walked into root's FUSE
+    mount as stat(2) would and waited with the server: --check hung, and
+    the reload was never answered (nor any reload after it)."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        mnt = re.escape(os.path.normpath(fs.path()))
+        d, _ = stage_daemon(tmp_path, {"local": local})
+        d.start()
+        try:
+            remote = fs.path("staged")
+            d.write_config({"local": local}, f"stage_dir = {remote}\n")
+            fs.freeze()
+            try:
+                time.sleep(fs.attr_timeout + 1.5)  # the kernel's entries expire
+                r = check(d)
+                assert r.returncode == 1, r.stdout + r.stderr
+                assert re.search("wcached: " + on_fuse(remote, mnt), r.stderr), r.stderr
+                r = ctl(d, "reload", timeout=30)
+                assert r.returncode != 0, r.stdout + r.stderr
+                assert re.search(on_fuse(remote, mnt), r.stdout + r.stderr), r.stdout + r.stderr
+                assert generation(d, "local") == 1
+            finally:
+                fs.thaw()
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def test_a_stage_dir_on_a_local_mount_beneath_a_fuse_directory_is_refused(tmp_path):
+    """stage_dir on a tmpfs mounted on a directory of a FUSE mount: looking
+    it up by name asks the FUSE server for the directories above it, so it
+    is refused at the FUSE mount on the way (review rev221 M1, B; before,
+    only the tmpfs it ends on was judged, and it was accepted)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounts a tmpfs: needs root")
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        os.makedirs(fs.backing_path("sub"))
+        fs.wait_visible("sub")
+        sub = fs.path("sub")
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "t", sub], check=True)
+        try:
+            stage_dir = os.path.join(sub, "staged")
+            d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=stage_dir)
+            r = check(d)
+            assert r.returncode == 1, r.stdout + r.stderr
+            assert re.search(on_fuse(stage_dir, re.escape(os.path.normpath(fs.path()))),
+                             r.stderr), r.stderr
+        finally:
+            subprocess.run(["umount", "-l", sub], check=True)
+
+
+def test_a_stage_dir_linked_into_a_fuse_mount_is_refused(tmp_path):
+    """stage_dir a link to a directory not made yet on a FUSE mount: the
+    walk follows the link and is refused at the mount, before the missing
+    name is looked up there (review rev221 M1, C; before, the check walked
+    up the configured path to a local directory and accepted it), at start
+    and by --check."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        link = str(tmp_path / "stage")
+        os.symlink(fs.path("staged"), link)
+        d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=link)
+        want = on_fuse(link, re.escape(os.path.normpath(fs.path())))
+        r = check(d)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert re.search(want, r.stderr), r.stderr
+        user = as_user(*d.user) if d.user else []
+        r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert re.search(want, r.stderr), r.stderr
 
 
 def model_status(d, name="m"):

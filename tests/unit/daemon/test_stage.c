@@ -477,11 +477,27 @@ test_stage_dir_local(void **state)
 	struct fixture *f = *state;
 	char *missing = path_join(f->tmp, "not/yet/staged");
 
+	char *link = path_join(f->tmp, "link"), *loop = path_join(f->tmp, "loop");
+	char *through = path_join(f->tmp, "link/../link/staged");
+
 	assert_int_equal(stage_dir_check_local(f->tmp), 0);
 	assert_int_equal(stage_dir_check_local(missing), 0);
+	/* Walked by hand: links (to a missing directory too), "..", a loop
+	 * (ELOOP: stage_prepare_dir says why). */
+	assert_int_equal(symlink("not/yet", link), 0);
+	assert_int_equal(stage_dir_check_local(link), 0);
+	assert_int_equal(stage_dir_check_local(through), 0);
+	assert_int_equal(symlink("loop", loop), 0);
+	assert_int_equal(stage_dir_check_local(loop), 0);
 	assert_int_equal(stage_dir_check_local("/proc/self/cwd/staged"), -EXDEV);
-	assert_non_null(strstr(error_get(), "stage_dir /proc/self/cwd/staged: "));
+	assert_non_null(strstr(error_get(), "stage_dir /proc/self/cwd/staged: /proc/self is a "
+		"link on /proc"));
 	assert_non_null(strstr(error_get(), "stage_dir must be on a local filesystem"));
+	unlink(link);
+	unlink(loop);
+	free(through);
+	free(loop);
+	free(link);
 	free(missing);
 }
 
