@@ -698,10 +698,13 @@ read_next(struct daemon *d)
 
 	if (rr == NULL || rr->job.q != NULL)
 		return;
-	/* Not local work: NSS may ask a server that hangs. As such it is
-	 * logged when it stalls, and a stop does not wait for it for ever. */
-	snprintf(what, sizeof(what), "the reload's read of %s (users and groups from NSS)",
-		d->config_path);
+	/* Not local work: NSS may ask a server that hangs, and the walk of
+	 * stage_dir looks names up on the filesystems it crosses (judged
+	 * local, or "/"'s: stage_dir_check_local). As such it is logged when
+	 * it stalls, named by both (review rev221 L1), and a stop does not
+	 * wait for it for ever. */
+	snprintf(what, sizeof(what), "the reload's read of %s (users and groups from NSS) and "
+		"its check of stage_dir's filesystems", d->config_path);
 	if (workq_submit(&d->reg.workq, &rr->job, WORKQ_UNKNOWN, what, read_run,
 		    read_after) < 0) {
 		/* No job to be had: read here, as before there was one. */
