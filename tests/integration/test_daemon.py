@@ -495,6 +495,22 @@ def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):
             assert d.stop() == 0, d.read_log()
 
 
+def test_a_reload_read_that_stalls_is_logged_naming_what_it_waits_on(tmp_path, model):
+    """A reload's read that has not returned after 10 s is logged once,
+    named by what it waits on: NSS, and (since f2ca616) the walk of
+    stage_dir's filesystems (review rev221 L1: the line named NSS alone).
+    Here the configuration file's server hangs."""
+    with config_on_a_hung_server(tmp_path, model) as (d, fs):
+        try:
+            d.proc.send_signal(signal.SIGHUP)
+            d.wait_for_log(re.escape(f"the reload's read of {d.conf} (users and groups from "
+                                     "NSS) and its check of stage_dir's filesystems has not "
+                                     "returned after "), timeout=40)
+        finally:
+            fs.thaw()
+            assert d.stop() == 0, d.read_log()
+
+
 def test_a_stop_drops_the_reloads_that_wait(tmp_path, model):
     """Reloads whose reads wait behind one that hangs are dropped by a stop,
     not read one after the other: here the first read waits on a server
