@@ -96,12 +96,13 @@ release-builds: deps
 # (make test runs this after the ASan phase, where it was 60 s one after the
 # other).
 test-release: release-builds
-	rc=0; for cc in gcc clang; do \
+	rc=0; pids=; for cc in gcc clang; do \
+		rm -f $(BUILD)-release-$$cc/ctest-unit.log; \
 		(cd $(BUILD)-release-$$cc && ctest --output-on-failure -j $(JOBS) -R '^unit_' \
-			>ctest-unit.log 2>&1) & \
+			>ctest-unit.log 2>&1) & pids="$$pids $$!"; \
 	done; \
-	for cc in gcc clang; do \
-		wait -n || rc=1; \
+	for pid in $$pids; do \
+		wait $$pid || rc=1; \
 	done; \
 	for cc in gcc clang; do \
 		echo "$(BUILD)-release-$$cc:"; cat $(BUILD)-release-$$cc/ctest-unit.log; \
