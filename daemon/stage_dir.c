@@ -199,6 +199,8 @@ stage_dir_check_local(const char *stage_dir)
 	char *todo = strdup(stage_dir), *next;
 	const char *p = todo;
 	int dir = -1, fd, err, links = 0;
+	/* Names past a missing one, less the ".." that go back up. */
+	size_t made = 0;
 	bool stood;
 	dev_t start = 0, dev;
 	struct stat st;
@@ -230,9 +232,26 @@ stage_dir_check_local(const char *stage_dir)
 		err = 0;
 		if (strcmp(name, ".") == 0)
 			continue;
-		/* Missing (made here), or another failure: the walk ends here. */
+		/*
+		 * Past a missing name, by name (review rev222 L1):
+		 * stage_prepare_dir makes each missing name a directory on the
+		 * filesystem of the one above it, and ".." leads back up, then
+		 * on to names that exist (`T/new/../mnt/staged`: mnt is judged;
+		 * before, the walk ended at "new", and the start made it and
+		 * looked "staged" up on mnt).
+		 */
+		if (made > 0) {
+			made = strcmp(name, "..") == 0 ? made - 1 : made + 1;
+			continue;
+		}
+		/* Missing: on by name, as above; another failure ends the walk. */
 		if ((fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) {
 			err = -errno;
+			if (err == -ENOENT) {
+				made = 1;
+				err = 0;
+				continue;
+			}
 			break;
 		}
 		/* A user's FUSE mount, or one gone: mountrule_step's refusal. */
@@ -291,8 +310,9 @@ stage_dir_check_local(const char *stage_dir)
 	free(todo);
 	if (err == -EXDEV || err == -EREMOTE)
 		return err;
-	/* Where it ends (stage_dir, or the directory it would be made in;
-	 * where the walk failed otherwise, stage_prepare_dir says why). */
+	/* Where it ends (stage_dir, or the directory its missing names would
+	 * be made in; where the walk failed otherwise, stage_prepare_dir says
+	 * why). */
 	if (stood && fs.remote)
 		return refuse_remote(stage_dir, where, &fs);
 	return 0;

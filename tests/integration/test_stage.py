@@ -700,6 +700,32 @@ def test_a_stage_dir_linked_into_a_fuse_mount_is_refused(tmp_path):
         assert re.search(want, r.stderr), r.stderr
 
 
+def test_a_stage_dir_through_a_missing_name_and_dotdot_into_a_fuse_mount_is_refused(tmp_path):
+    """stage_dir = T/missing/../mnt/staged, mnt a FUSE mount: the walk
+    goes on past the missing name by name, as the start makes it (as root
+    with `user =`, parents are made), ".." back to T, and is refused at
+    mnt, by --check and at start, before "missing" is made (review rev222
+    L1; before, the walk ended at "missing", --check passed, and the start
+    made "missing" and looked "staged" up on the FUSE mount)."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        stage_dir = str(tmp_path / "missing" / ".." / "mnt" / "staged")
+        d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=stage_dir,
+                            extra="" if TEST_USER else "user = root\n")
+        want = on_fuse(stage_dir, re.escape(os.path.normpath(fs.path())))
+        r = check(d)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert re.search("wcached: " + want, r.stderr), r.stderr
+        user = as_user(*d.user) if d.user else []
+        r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert re.search(want, r.stderr), r.stderr
+        assert not os.path.exists(tmp_path / "missing")
+        assert not os.path.exists(fs.backing_path("staged"))
+
+
 def model_status(d, name="m"):
     r = subprocess.run([binary("wcachectl"), "--control", d.control, "status", "--json"],
                        capture_output=True, text=True, timeout=60)

@@ -501,6 +501,39 @@ test_stage_dir_local(void **state)
 	free(missing);
 }
 
+/* stage_dir_check_local past a missing name (review rev222 L1): on by
+ * name, as stage_prepare_dir makes it, ".." back up to a name that
+ * exists, which is judged (here a link into /proc: refused). Before, the
+ * walk ended at the missing name and passed every one of these. */
+static void
+test_stage_dir_local_past_missing(void **state)
+{
+	struct fixture *f = *state;
+	char *procl = path_join(f->tmp, "procl");
+	char *one = path_join(f->tmp, "new/../procl/staged");
+	char *two = path_join(f->tmp, "new/./er//../../procl/staged");
+	char *up = path_join(f->tmp, "new/er/../../procl");
+	char *local = path_join(f->tmp, "new/../not/yet/../staged");
+	char *stays = path_join(f->tmp, "new/er/../procl/staged");
+
+	assert_int_equal(symlink("/proc/self/cwd", procl), 0);
+	assert_int_equal(stage_dir_check_local(one), -EXDEV);
+	assert_non_null(strstr(error_get(), "/proc/self is a link on /proc"));
+	assert_non_null(strstr(error_get(), one));
+	assert_int_equal(stage_dir_check_local(two), -EXDEV);
+	assert_int_equal(stage_dir_check_local(up), -EXDEV);
+	/* Missing names that stay below the one made, or lead to local ones. */
+	assert_int_equal(stage_dir_check_local(local), 0);
+	assert_int_equal(stage_dir_check_local(stays), 0);
+	unlink(procl);
+	free(stays);
+	free(local);
+	free(up);
+	free(two);
+	free(one);
+	free(procl);
+}
+
 /* The kernel refusing copy_file_range (across filesystems) and then
  * sendfile: the copy falls back and is still exact. */
 static int
@@ -573,6 +606,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_dir_local, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_dir_local_past_missing, setup, teardown),
 		cmocka_unit_test(test_dir_of),
 	};
 
