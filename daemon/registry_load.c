@@ -589,15 +589,18 @@ owner_groups_look(uid_t uid, struct owner_groups *g)
  * no lookup; 0604 (the others may read, its group not: "all but group G")
  * denies every member of G, S_IROTH notwithstanding (review rev197 L1).
  * Where uid's groups cannot be told (no such user in the database), a mode
- * whose classes differ is no read right. ACLs are not read.
+ * whose classes differ is no read right. Where the file has an access ACL
+ * (acl, file_has_acl), its group bits are the ACL's mask, not its group's
+ * right (root's 0600 file with `u:wcached:r` reads 0640: review rev222 H2):
+ * ACLs are not read, so only a file both classes may read is readable.
  */
 static int
-owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
+owner_may_read(uid_t uid, const struct stat *st, int acl, struct owner_groups *g)
 {
 	int grp = (st->st_mode & S_IRGRP) != 0, oth = (st->st_mode & S_IROTH) != 0, in = 0;
 
-	if (grp == oth)
-		return grp;
+	if (grp == oth || acl)
+		return grp && oth;
 	if (!g->looked)
 		owner_groups_look(uid, g);
 	if (g->n == 0)
@@ -608,38 +611,79 @@ owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
 }
 
 /*
+ * Whether every writer of the shard index ix (acl: it has an access ACL)
+ * but its owner could read the shard f by its mode, as owner_may_read asks
+ * it of one user: where the others may write the index, or a group class
+ * that an ACL names (its group bits are the mask), a file both classes
+ * may read; where only its group may, that, or a file of the same group
+ * that its group may read (and no ACL: its group bits would be a mask).
+ * An index no one else may write needs nothing (review rev222 H1).
+ */
+static int
+index_writers_read(const struct stat *ix, int acl, const struct wc_file *f)
+{
+	int all = (f->st.st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH);
+
+	if ((ix->st_mode & S_IWOTH) != 0 || ((ix->st_mode & S_IWGRP) != 0 && acl))
+		return all;
+	if ((ix->st_mode & S_IWGRP) != 0)
+		return all || (f->st.st_gid == ix->st_gid && (f->st.st_mode & S_IRGRP) != 0 &&
+			!file_has_acl(f->fd));
+	return 1;
+}
+
+/*
  * linked_in's rule for a sharded model, whoever owns its tree: 0, or
  * -EPERM with q->message when a shard is owned by another user than its
- * shard index's owner, who could not read it by its mode (owner_may_read).
- * The index chooses which files load, and it is its owner's to rewrite (in
- * place, or renamed over in a sticky place): her index in root's slot or
- * team place, naming root's private file beside the model, was served as
- * her model, wcached lending her its read right (review rev219 H1). An
- * index of root's names any file. The groups of the index's owner are
- * looked up once, into *g (the caller frees its list).
+ * shard index's owner, who could not read it by its mode (owner_may_read),
+ * or when a shard is one that another writer of the index (its group or
+ * the others, by its mode or its ACL's mask) could not read
+ * (index_writers_read). The index chooses which files load, and whoever
+ * may write it chooses them: its owner (in place, or renamed over in a
+ * sticky place): her index in root's slot or team place, naming root's
+ * private file beside the model, was served as her model, wcached lending
+ * her its read right (review rev219 H1); and where its mode lets them,
+ * her group or anyone, in place: alice rewrote bob's (or root's) 0664
+ * index to name his private file (review rev222 H1). An index of root's
+ * that no one else may write names any file. The groups of the index's
+ * owner are looked up once, into *g (the caller frees its list).
  */
 static int
 index_owner_reads(struct load_request *q, struct owner_groups *g)
 {
-	uid_t iu = q->source.index_st.st_uid;
+	const struct stat *ix = &q->source.index_st;
+	uid_t iu = ix->st_uid;
 	char named[PATH_MAX];
 
-	if (q->source.format != FORMAT_SHARDED || iu == 0)
+	if (q->source.format != FORMAT_SHARDED)
 		return 0;
 	for (size_t i = 0; i < q->source.nfiles; i++) {
-		const struct stat *st = &q->source.files[i].st;
+		const struct wc_file *f = &q->source.files[i];
+		const struct stat *st = &f->st;
+		int writers = index_writers_read(ix, q->source.index_acl, f);
+		const char *index;
 
-		if (st->st_uid == iu || owner_may_read(iu, st, g))
+		if (writers && (iu == 0 || st->st_uid == iu ||
+				owner_may_read(iu, st, file_has_acl(f->fd), g)))
 			continue;
-		snprintf(q->message, sizeof(q->message), "%s is owned by uid %u (mode %04o, "
-			"group %u), which uid %u, the owner of its shard index %s, may not read: "
-			"an index names only files its owner could read, so it is not served; "
-			"make the file readable to uid %u (its mode, or a group of hers), or "
-			"give the index to the file's owner", q->source.files[i].path,
-			(unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
-			(unsigned)st->st_gid, (unsigned)iu,
-			file_said(q, &q->source.index_st, q->path, named, sizeof(named)),
-			(unsigned)iu);
+		index = file_said(q, ix, q->path, named, sizeof(named));
+		if (!writers)
+			snprintf(q->message, sizeof(q->message), "%s (mode %04o, group %u) is "
+				"named by the shard index %s (mode %04o%s, group %u), which users "
+				"who may not read that file may write: an index names only files "
+				"whoever may write it could read, so it is not served; chmod g-w,o-w "
+				"the index, or make the file readable to them", f->path,
+				(unsigned)(st->st_mode & 07777), (unsigned)st->st_gid, index,
+				(unsigned)(ix->st_mode & 07777),
+				q->source.index_acl ? ", with an ACL" : "", (unsigned)ix->st_gid);
+		else
+			snprintf(q->message, sizeof(q->message), "%s is owned by uid %u (mode "
+				"%04o, group %u), which uid %u, the owner of its shard index %s, may "
+				"not read: an index names only files its owner could read, so it is "
+				"not served; make the file readable to uid %u (its mode, or a group "
+				"of hers), or give the index to the file's owner", f->path,
+				(unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
+				(unsigned)st->st_gid, (unsigned)iu, index, (unsigned)iu);
 		return -EPERM;
 	}
 	return 0;
@@ -703,7 +747,9 @@ linked_in(struct load_request *q)
 		char names[96] = "", named[PATH_MAX];
 
 		if (tree != NULL ? st->st_uid == owner || all ||
-				owner_may_read(owner, st, &groups) :
+				owner_may_read(owner, st, i < q->source.nfiles ?
+					file_has_acl(q->source.files[i].fd) : q->source.index_acl,
+					&groups) :
 			(st->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH))
 			continue;
 		name = file_said(q, st, name, named, sizeof(named));

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -46,6 +47,18 @@ file_fstat(int fd, struct stat *st)
 	while ((r = fstat(fd, st)) == -1 && errno == EINTR)
 		;
 	return r;
+}
+
+int
+file_has_acl(int fd)
+{
+	ssize_t n;
+
+	if (fd < 0)
+		return 1;
+	while ((n = fgetxattr(fd, "system.posix_acl_access", NULL, 0)) == -1 && errno == EINTR)
+		;
+	return n >= 0 || (errno != ENODATA && errno != ENOTSUP); /* EOPNOTSUPP: one value */
 }
 
 int

@@ -41,6 +41,14 @@ int file_openat(int dir, const char *path, int flags);
 int file_fstat(int fd, struct stat *st);
 
 /*
+ * Whether the file open as fd (not O_PATH) has a POSIX access ACL
+ * (system.posix_acl_access), whose mask its mode's group bits then show,
+ * not its group's right: 1 where it has one, or where that cannot be told
+ * (fd -1, an error but ENODATA and ENOTSUP); 0 where it has none.
+ */
+int file_has_acl(int fd);
+
+/*
  * Reads exactly [off, off + len) of fd into a new malloc'd buffer (*out,
  * len bytes; the caller frees it), so a parser works on bytes nobody else
  * can change. len must lie in [min_len, max_len]; what names the bytes for

@@ -39,6 +39,9 @@ struct model_source {
 	 * file its path named; what wcached asks of it (its owner) is asked
 	 * of what was read, not of whatever the path names later. */
 	struct stat index_st;
+	/* FORMAT_SHARDED: whether that file had an access ACL (file_has_acl):
+	 * its group bits are then the ACL's mask. */
+	int index_acl;
 };
 
 /*

@@ -467,10 +467,11 @@ shard_map_free(struct shard_map *m)
 
 /* Reads (a private copy, at most SHARDS_MAX_INDEX bytes) and parses the
  * shard index file, opened inside the model's tree; *st gets its fstat as
- * opened (model_source's index_st). */
+ * opened (model_source's index_st), *acl whether it has an access ACL
+ * (model_source's index_acl). */
 static int
 load_index(const struct model_tree *tree, const char *index_path, struct shard_map *m,
-	struct stat *st)
+	struct stat *st, int *acl)
 {
 	struct wc_file f;
 	uint8_t *json = NULL;
@@ -487,8 +488,10 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
 		(rc = shards_parse_index(index_path, (const char *)json, (size_t)f.size, m)) == 0 &&
 		(rc = file_check_unchanged(&f)) < 0)
 		shard_map_free(m);
-	if (rc == 0)
+	if (rc == 0) {
 		*st = f.st;
+		*acl = file_has_acl(f.fd);
+	}
 	free(json);
 	file_close(&f);
 	return rc;
@@ -498,13 +501,13 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
  * Opens the model's tree, the directory of index_path, and reads its shard
  * index inside it (load_index()): what shards_read_index() and
  * shards_open() both start with. On success *tree is open and *dir is the
- * malloc'd directory, both the caller's (tree_close(), free()), and *m and
- * *st (the index's fstat as opened) are set; on failure nothing is left
+ * malloc'd directory, both the caller's (tree_close(), free()), and *m,
+ * *st (the index's fstat as opened) and *acl are set; on failure nothing is left
  * open and nothing is set.
  */
 static int
 open_index(const char *index_path, struct model_tree *tree, char **dir, struct shard_map *m,
-	struct stat *st)
+	struct stat *st, int *acl)
 {
 	struct model_tree t = { .fd = -1 };
 	struct shard_map parsed = { 0 };
@@ -513,7 +516,7 @@ open_index(const char *index_path, struct model_tree *tree, char **dir, struct s
 
 	if ((d = path_dir(index_path)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", index_path);
-	if ((rc = tree_open(d, &t)) < 0 || (rc = load_index(&t, index_path, &parsed, st)) < 0) {
+	if ((rc = tree_open(d, &t)) < 0 || (rc = load_index(&t, index_path, &parsed, st, acl)) < 0) {
 		shard_map_free(&parsed); /* empty on failure; said for the analyser */
 		tree_close(&t);
 		free(d);
@@ -531,9 +534,9 @@ shards_read_index(const char *index_path, struct shard_map *out)
 	struct model_tree tree;
 	struct stat st;
 	char *dir;
-	int rc;
+	int rc, acl;
 
-	if ((rc = open_index(index_path, &tree, &dir, out, &st)) < 0)
+	if ((rc = open_index(index_path, &tree, &dir, out, &st, &acl)) < 0)
 		return rc;
 	tree_close(&tree);
 	free(dir);
@@ -607,6 +610,7 @@ shards_open(const char *index_path, struct model_source *out)
 	struct model_tree tree = { .fd = -1 };
 	struct shard_map m = { 0 };
 	struct stat index_st;
+	int index_acl = 1;
 	struct index_builder *b = NULL;
 	struct wc_file *files = NULL;
 	char **paths = NULL, *dir = NULL;
@@ -614,7 +618,7 @@ shards_open(const char *index_path, struct model_source *out)
 	size_t len = 0;
 	int rc;
 
-	if ((rc = open_index(index_path, &tree, &dir, &m, &index_st)) < 0)
+	if ((rc = open_index(index_path, &tree, &dir, &m, &index_st, &index_acl)) < 0)
 		return rc;
 	/* shards_parse_index refuses an empty weight_map; said again here for
 	 * the analyser, which cannot see it across the call. */
@@ -664,6 +668,7 @@ shards_open(const char *index_path, struct model_source *out)
 	out->index = blob;
 	out->index_len = len;
 	out->index_st = index_st;
+	out->index_acl = index_acl;
 	shard_map_free(&m);
 	return 0;
 fail:

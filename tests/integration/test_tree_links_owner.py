@@ -16,6 +16,7 @@ import struct
 import subprocess
 
 import pytest
+import wcached as wcached_run
 
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl
@@ -569,3 +570,146 @@ def test_her_index_naming_roots_private_file_with_owners_untold_is_refused(tmp_p
         status = d.stop()
         mgr.close()
     assert status == 0, d.read_log()
+
+
+def writers_index_layout(tmp_path, place, secret_mode=0o640, secret_gid=WCACHED_GID):
+    """rev222 H1's layouts: the model "llama" configured as its directory
+    d0, its index and shard s.safetensors 0664 OWNER:GROUP (umask 002),
+    OWNER's rootsecret.safetensors (secret_mode, secret_gid) beside it, and
+    alice's index naming it in aplace/idx. bobs-0755-dir: bob's own 0755
+    directory, bob the OWNER; roots-0755-slot: root's slot v1 (0755), root
+    the OWNER (its index asked nothing of its owner). alice, of GROUP, may
+    make no entry there, but may rewrite the index in place by its group w
+    bit: (d0, secret, the shell line by which she does, run in d0)."""
+    owner = BOB_UID if place == "bobs-0755-dir" else 0
+    d0 = made_by(tmp_path / ("bob" if owner else "v1"), owner, 0o755)
+    sharded_model(d0, mkmodel(os.path.join(d0, "in.safetensors"), seed=1))
+    for n in ("model.safetensors.index.json", "s.safetensors"):
+        os.chown(os.path.join(d0, n), owner, GROUP)
+        os.chmod(os.path.join(d0, n), 0o664)
+    secret, text = roots_file_beside(d0, uid=owner, mode=secret_mode)
+    os.chown(secret, owner, secret_gid)
+    aplace = made_by(tmp_path / "aplace", ALICE_UID)
+    idx = os.path.join(aplace, "idx")
+    with open(idx, "w") as f:
+        f.write(text)
+    os.chown(idx, ALICE_UID, GROUP)
+    return d0, secret, "cat %s > model.safetensors.index.json" % idx
+
+
+@pytest.mark.parametrize("place", ["bobs-0755-dir", "roots-0755-slot"])
+def test_group_writable_index_naming_owners_private_file_waits(tmp_path, place):
+    """Review rev222 H1: the index rule asked its OWNER, but whoever may
+    WRITE the index chooses the names: alice (GROUP) rewrote bob's 0664
+    index in his 0755 directory (no entry needed) to name his private file
+    beside it (0640 bob:wcached), and root's (exempt) in root's slot: both
+    served as llama's generation 2 (275,384 bytes). An index its group may
+    write names only files its group may read: refused, generation 1
+    serving, at the operator's reload too."""
+    d0, secret, put = writers_index_layout(tmp_path, place)
+    owner = BOB_UID if place == "bobs-0755-dir" else 0
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        assert os.stat(os.path.join(d0, "model.safetensors.index.json")).st_uid == owner
+        line = secret_not_served(d, secret, place, r"its |.* may not read|.* may write|"
+                                 r"generation 2 ")
+        assert "%s (mode 0640, group %d) is named by the shard index %s (mode 0664, group %d), " \
+            "which users who may not read that file may write: an index names only files " \
+            "whoever may write it could read" % (
+                secret, WCACHED_GID, os.path.join(d0, "model.safetensors.index.json"),
+                GROUP) in line, line
+        assert "generation 1 still serving" in line, line
+        r = ctl(d, "reload", "llama")
+        assert r.returncode != 0 and "may write" in r.stdout + r.stderr, r
+        assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("place", ["bobs-0755-dir", "roots-0755-slot"])
+def test_group_writable_index_naming_a_file_its_group_may_read_loads(tmp_path, place):
+    """The control of rev222 H1's fix: the same layouts, the owner's file
+    beside the model 0640 OWNER:GROUP (the index's group may read it, no
+    ACL; wcached runs in GROUP to read it): alice's rewrite naming it is
+    generation 2."""
+    d0, secret, put = writers_index_layout(tmp_path, place, secret_gid=GROUP)
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        _, line = d.wait_for_log(r'model "llama": (its |.* may not read|.* may write|'
+                                 r'generation 2 is current)')
+        assert "generation 2 is current" in line, d.read_log()
+        assert "generation 2, 30 tensors" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def set_acl(path, entries):
+    """path's access ACL: (tag, perm, id) entries (no setfacl here)."""
+    os.setxattr(path, "system.posix_acl_access",
+                struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries))
+
+
+@pytest.fixture
+def users_known(tmp_path, monkeypatch):
+    """Runs wcached in a private mount namespace whose /etc/passwd and
+    /etc/group name the suite's uids (alice and bob in GROUP), so that it
+    can tell alice's groups: without them every group path of
+    owner_may_read refuses (review rev222 L3). The host's files are left
+    as they are."""
+    nss = tmp_path / "nss"
+    nss.mkdir()
+    with open("/etc/passwd") as f, open(nss / "passwd", "w") as out:
+        out.write(f.read() + "".join("wct%d:x:%d:%d::/nonexistent:/usr/sbin/nologin\n" % u for u in
+                                     ((DAEMON_UID, DAEMON_UID, WCACHED_GID),
+                                      (BOB_UID, BOB_UID, GROUP), (ALICE_UID, ALICE_UID, GROUP))))
+    with open("/etc/group") as f, open(nss / "group", "w") as out:
+        out.write(f.read() + "wctg%d:x:%d:\nwctg%d:x:%d:\n" % (GROUP, GROUP, WCACHED_GID,
+                                                               WCACHED_GID))
+    os.chmod(nss, 0o755)
+    wrap = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+            'mount --bind "$0/passwd" /etc/passwd && mount --bind "$0/group" /etc/group && '
+            'exec "$@"', str(nss)]
+    plain = wcached_run.as_user
+    monkeypatch.setattr(wcached_run, "as_user", lambda *a, **k: wrap + plain(*a, **k))
+
+
+@pytest.mark.parametrize("layout", ["roots-v1-in-place", "team-place-roots-shard"])
+@pytest.mark.parametrize("acl", [True, False], ids=["acl-mask", "group-reads"])
+def test_her_index_naming_roots_file_given_to_wcached_by_an_acl_waits(tmp_path, users_known,
+                                                                     layout, acl):
+    """Review rev222 H2: root's private file 0600 root:GROUP given to
+    wcached alone by `setfacl -m u:wcached:r` (group::---, mask::r--) reads
+    0640: the mode's group bits are the ACL's mask, and owner_may_read took
+    it as readable to alice (in GROUP, known to the user database here): her
+    index naming it was served. A file with an ACL is readable to another
+    user only where both classes may read it: refused. The control
+    (group-reads): 0640 root:GROUP with no ACL, which she may read, loads
+    (wcached runs in GROUP to read it)."""
+    d0, secret, put = her_index_layout(tmp_path, layout, mode=0o640)
+    os.chown(secret, 0, GROUP)
+    if acl:
+        os.chmod(secret, 0o600)
+        set_acl(secret, [(0x01, 6, 0xffffffff), (0x02, 4, DAEMON_UID), (0x04, 0, 0xffffffff),
+                         (0x10, 4, 0xffffffff), (0x20, 0, 0xffffffff)])
+    assert os.stat(secret).st_mode & 0o7777 == 0o640
+    r = subprocess.run(as_user(ALICE_UID, GROUP) + ["cat", secret], capture_output=True)
+    assert (r.returncode == 0) != acl, r
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID if acl else GROUP),
+               nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_alice(put, d0)
+        if acl:
+            line = secret_not_served(d, secret, layout, r"its |.* may not read|generation 2 ")
+            assert "%s is owned by uid 0 (mode 0640, group %d), which uid %d, the owner of " \
+                "its shard index" % (secret, GROUP, ALICE_UID) in line, line
+        else:
+            _, line = d.wait_for_log(r'model "llama": (its |.* may not read|'
+                                     r'generation 2 is current)')
+            assert "generation 2 is current" in line, d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
