@@ -668,21 +668,21 @@ index_owner_reads(struct load_request *q, struct owner_groups *g)
 			continue;
 		index = file_said(q, ix, q->path, named, sizeof(named));
 		if (!writers)
-			snprintf(q->message, sizeof(q->message), "%s (mode %04o, group %u) is "
-				"named by the shard index %s (mode %04o%s, group %u), which users "
-				"who may not read that file may write: an index names only files "
-				"whoever may write it could read, so it is not served; chmod g-w,o-w "
-				"the index, or make the file readable to them", f->path,
+			snprintf(q->message, sizeof(q->message), "%s (mode %04o, group %u) "
+				"is named by the shard index %s (mode %04o%s, group %u), which "
+				"users who may not read that file may write: an index names only "
+				"files whoever may write it could read, so it is not served; chmod "
+				"g-w,o-w the index, or make the file readable to them", f->path,
 				(unsigned)(st->st_mode & 07777), (unsigned)st->st_gid, index,
 				(unsigned)(ix->st_mode & 07777),
 				q->source.index_acl ? ", with an ACL" : "", (unsigned)ix->st_gid);
 		else
-			snprintf(q->message, sizeof(q->message), "%s is owned by uid %u (mode "
-				"%04o, group %u), which uid %u, the owner of its shard index %s, may "
-				"not read: an index names only files its owner could read, so it is "
-				"not served; make the file readable to uid %u (its mode, or a group "
-				"of hers), or give the index to the file's owner", f->path,
-				(unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
+			snprintf(q->message, sizeof(q->message), "%s is owned by uid %u "
+				"(mode %04o, group %u), which uid %u, the owner of its shard index "
+				"%s, may not read: an index names only files its owner could read, "
+				"so it is not served; make the file readable to uid %u (its mode, "
+				"or a group of hers), or give the index to the file's owner",
+				f->path, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
 				(unsigned)st->st_gid, (unsigned)iu, index, (unsigned)iu);
 		return -EPERM;
 	}

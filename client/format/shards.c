@@ -516,7 +516,8 @@ open_index(const char *index_path, struct model_tree *tree, char **dir, struct s
 
 	if ((d = path_dir(index_path)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", index_path);
-	if ((rc = tree_open(d, &t)) < 0 || (rc = load_index(&t, index_path, &parsed, st, acl)) < 0) {
+	if ((rc = tree_open(d, &t)) < 0 ||
+	    (rc = load_index(&t, index_path, &parsed, st, acl)) < 0) {
 		shard_map_free(&parsed); /* empty on failure; said for the analyser */
 		tree_close(&t);
 		free(d);
