@@ -153,6 +153,11 @@ struct load_request {
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
+	/* Whether each of source's files has an access ACL, asked of its
+	 * descriptor the first time a rule needs it (file_acl) and kept for
+	 * the rest of the load: 0 not asked, 1 none, 2 one (or it cannot be
+	 * told). NULL until asked; freed with the files (drop_opened). */
+	unsigned char *files_acl;
 	int *served_fds;      /* gen_open_served(), one per file */
 	int index_fd;
 	/* A watched reload of a model that nothing serves, judged against
@@ -582,24 +587,51 @@ owner_groups_look(uid_t uid, struct owner_groups *g)
 }
 
 /*
- * Whether uid, not the file's owner, could read the file whose fstat is st
- * by its mode bits, as the kernel asks them: where uid is in the file's
- * group the group's bits decide, else the others' (g: uid's groups, looked
- * up the first time they are asked). A mode whose two classes agree needs
- * no lookup; 0604 (the others may read, its group not: "all but group G")
- * denies every member of G, S_IROTH notwithstanding (review rev197 L1).
- * Where uid's groups cannot be told (no such user in the database), a mode
- * whose classes differ is no read right. Where the file has an access ACL
- * (acl, file_has_acl), its group bits are the ACL's mask, not its group's
- * right (root's 0600 file with `u:wcached:r` reads 0640: review rev222 H2):
- * ACLs are not read, so only a file both classes may read is readable.
+ * Whether the file of q that file_of numbers i has an access ACL
+ * (file_has_acl): a shard index's as it was read (model_source's
+ * index_acl); a model file's asked of its descriptor the first time a rule
+ * needs it, then kept in q->files_acl for the rest of the load: linked_in
+ * and index_owner_reads judge each shard, and each asked it again (an
+ * fgetxattr each, up to three a shard). Work queue thread: on a remote
+ * filesystem the server answers it.
  */
 static int
-owner_may_read(uid_t uid, const struct stat *st, int acl, struct owner_groups *g)
+file_acl(struct load_request *q, size_t i)
 {
-	int grp = (st->st_mode & S_IRGRP) != 0, oth = (st->st_mode & S_IROTH) != 0, in = 0;
+	if (i >= q->source.nfiles)
+		return q->source.index_acl;
+	if (q->files_acl == NULL && (q->files_acl = calloc(q->source.nfiles, 1)) == NULL)
+		return file_has_acl(q->source.files[i].fd);
+	if (q->files_acl[i] == 0)
+		q->files_acl[i] = file_has_acl(q->source.files[i].fd) ? 2 : 1;
+	return q->files_acl[i] == 2;
+}
 
-	if (grp == oth || acl)
+/*
+ * Whether uid, not the file's owner, could read the file of q that file_of
+ * numbers i by its mode bits, as the kernel asks them: where uid is in the
+ * file's group the group's bits decide, else the others' (g: uid's groups,
+ * looked up the first time they are asked). A mode whose two classes agree
+ * needs no lookup; 0604 (the others may read, its group not: "all but
+ * group G") denies every member of G, S_IROTH notwithstanding (review
+ * rev197 L1). Where uid's groups cannot be told (no such user in the
+ * database), a mode whose classes differ is no read right. Where the file
+ * has an access ACL (file_acl), its group bits are the ACL's mask, not its
+ * group's right (root's 0600 file with `u:wcached:r` reads 0640: review
+ * rev222 H2): ACLs are not read, so only a file both classes may read is
+ * readable.
+ */
+static int
+owner_may_read(struct load_request *q, size_t i, uid_t uid, struct owner_groups *g)
+{
+	const struct stat *st;
+	const char *name;
+	int grp, oth, in = 0;
+
+	(void)file_of(q, i, &st, &name);
+	grp = (st->st_mode & S_IRGRP) != 0;
+	oth = (st->st_mode & S_IROTH) != 0;
+	if (grp == oth || file_acl(q, i))
 		return grp && oth;
 	if (!g->looked)
 		owner_groups_look(uid, g);
@@ -611,24 +643,26 @@ owner_may_read(uid_t uid, const struct stat *st, int acl, struct owner_groups *g
 }
 
 /*
- * Whether every writer of the shard index ix (acl: it has an access ACL)
- * but its owner could read the shard f by its mode, as owner_may_read asks
- * it of one user: where the others may write the index, or a group class
- * that an ACL names (its group bits are the mask), a file both classes
- * may read; where only its group may, that, or a file of the same group
- * that its group may read (and no ACL: its group bits would be a mask).
- * An index no one else may write needs nothing (review rev222 H1).
+ * Whether every writer of q's shard index (its ACL: model_source's
+ * index_acl) but its owner could read q's shard i by its mode, as
+ * owner_may_read asks it of one user: where the others may write the
+ * index, or a group class that an ACL names (its group bits are the mask),
+ * a file both classes may read; where only its group may, that, or a file
+ * of the same group that its group may read (and no ACL, file_acl: its
+ * group bits would be a mask). An index no one else may write needs
+ * nothing (review rev222 H1).
  */
 static int
-index_writers_read(const struct stat *ix, int acl, const struct wc_file *f)
+index_writers_read(struct load_request *q, size_t i)
 {
-	int all = (f->st.st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH);
+	const struct stat *ix = &q->source.index_st, *f = &q->source.files[i].st;
+	int all = (f->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH);
 
-	if ((ix->st_mode & S_IWOTH) != 0 || ((ix->st_mode & S_IWGRP) != 0 && acl))
+	if ((ix->st_mode & S_IWOTH) != 0 || ((ix->st_mode & S_IWGRP) != 0 && q->source.index_acl))
 		return all;
 	if ((ix->st_mode & S_IWGRP) != 0)
-		return all || (f->st.st_gid == ix->st_gid && (f->st.st_mode & S_IRGRP) != 0 &&
-			!file_has_acl(f->fd));
+		return all || (f->st_gid == ix->st_gid && (f->st_mode & S_IRGRP) != 0 &&
+			!file_acl(q, i));
 	return 1;
 }
 
@@ -660,11 +694,10 @@ index_owner_reads(struct load_request *q, struct owner_groups *g)
 	for (size_t i = 0; i < q->source.nfiles; i++) {
 		const struct wc_file *f = &q->source.files[i];
 		const struct stat *st = &f->st;
-		int writers = index_writers_read(ix, q->source.index_acl, f);
+		int writers = index_writers_read(q, i);
 		const char *index;
 
-		if (writers && (iu == 0 || st->st_uid == iu ||
-				owner_may_read(iu, st, file_has_acl(f->fd), g)))
+		if (writers && (iu == 0 || st->st_uid == iu || owner_may_read(q, i, iu, g)))
 			continue;
 		index = file_said(q, ix, q->path, named, sizeof(named));
 		if (!writers)
@@ -747,9 +780,7 @@ linked_in(struct load_request *q)
 		char names[96] = "", named[PATH_MAX];
 
 		if (tree != NULL ? st->st_uid == owner || all ||
-				owner_may_read(owner, st, i < q->source.nfiles ?
-					file_has_acl(q->source.files[i].fd) : q->source.index_acl,
-					&groups) :
+				owner_may_read(q, i, owner, &groups) :
 			(st->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH))
 			continue;
 		name = file_said(q, st, name, named, sizeof(named));
@@ -2347,6 +2378,8 @@ drop_opened(struct load_request *q)
 	q->index_fd = -1;
 	gen_close_files(q->r, &q->fs, q->served_fds, &q->source);
 	q->served_fds = NULL;
+	free(q->files_acl);
+	q->files_acl = NULL;
 }
 
 /* Notes where q's source files came from (path and stat at open), for the

@@ -12,6 +12,8 @@ directory model's index named by its own path."""
 import contextlib
 import json
 import os
+import shutil
+import signal
 import struct
 import subprocess
 
@@ -21,6 +23,7 @@ import wcached as wcached_run
 from conftest import Daemon, mkmodel, wait_until
 from ctlutil import ctl
 from test_restart_judged import restart_stored, untreed
+from test_stage import write_safetensors
 from test_tree_links import secret_not_served
 from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice,
                               as_bob, as_user, made_by, pytestmark, roots_private_model, served,
@@ -713,3 +716,68 @@ def test_her_index_naming_roots_file_given_to_wcached_by_an_acl_waits(tmp_path, 
             assert "generation 2 is current" in line, d.read_log()
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def traced_by(pid):
+    """The processes whose parent is pid (strace's tracee)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        if entry.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def test_each_shards_acl_is_asked_once_a_load(tmp_path, users_known):
+    """The rules of a sharded model ask of a shard whether it has an
+    access ACL (its group bits are then a mask): linked_in, as the tree's
+    owner reads it, then index_owner_reads, as the writers of its index
+    (its group's w bit) and its owner do. Each asked it of the file again,
+    one fgetxattr of system.posix_acl_access each (58ebc92: 3 a shard,
+    here); now asked once a load, the first time a rule needs it, then
+    kept. alice's 0755 directory, her index 0664 alice:GROUP naming bob's
+    three shards 0640 bob:GROUP, which she and her group may read: every
+    rule asks, and the model loads. wcached runs under strace (-y names
+    each descriptor's file), in GROUP to read the shards."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("no strace to count wcached's fgetxattr calls")
+    d0 = made_by(tmp_path / "alice", ALICE_UID, 0o755)
+    shards, weights = [], {}
+    for k in range(3):
+        shards.append(os.path.join(d0, "s%d.safetensors" % k))
+        write_safetensors(shards[-1], {"t%d" % k: os.urandom(4096)})
+        os.chown(shards[-1], BOB_UID, GROUP)
+        os.chmod(shards[-1], 0o640)
+        weights["t%d" % k] = os.path.basename(shards[-1])
+    index = os.path.join(d0, "model.safetensors.index.json")
+    with open(index, "w") as f:
+        json.dump({"weight_map": weights}, f)
+    os.chown(index, ALICE_UID, GROUP)
+    os.chmod(index, 0o664)
+    trace, wrap = tmp_path / "acl.strace", tmp_path / "strace-wcached"
+    wrap.write_text('#!/bin/sh\nexec %s -f -qq -y -e trace=fgetxattr -o %s %s "$@"\n'
+                    % (strace, trace, wcached_run.build_binary("wcached")))
+    wrap.chmod(0o755)
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, GROUP), nofile=1024)
+    d.wcached = str(wrap)
+    # LeakSanitizer cannot run under ptrace (an ASan build aborts at its
+    # exit check): no leak check for this traced run.
+    d.start(env=dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") +
+                     ":detect_leaks=0"))
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+    finally:
+        # strace blocks SIGTERM (-o FILE PROG): wcached, its child, gets it
+        # and strace then exits with wcached's status.
+        for pid in traced_by(d.proc.pid):
+            os.kill(pid, signal.SIGTERM)
+        assert d.stop() == 0, d.read_log()
+    calls = [line for line in trace.read_text().splitlines()
+             if 'fgetxattr(' in line and '"system.posix_acl_access"' in line]
+    for path in shards + [index]:
+        assert sum("<%s>" % path in line for line in calls) == 1, (path, calls)
