@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/fnv.h"
 #include "closer.h"
 #include "log.h"
 #include "registry_internal.h"
@@ -104,11 +105,7 @@ registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool
 static size_t
 name_bucket(const struct registry *r, const char *name)
 {
-	uint64_t h = UINT64_C(14695981039346656037);
-
-	for (const unsigned char *p = (const unsigned char *)name; *p != '\0'; p++)
-		h = (h ^ *p) * UINT64_C(1099511628211);
-	return (size_t)(h & (r->nbuckets - 1));
+	return (size_t)(fnv_mix_string(FNV_OFFSET_BASIS, name) & (r->nbuckets - 1));
 }
 
 /* Puts m at the head of its chain; r->by_name is not NULL. */
@@ -361,14 +358,14 @@ static uint64_t
 inodes_digest(const struct generation *g)
 {
 	size_t n = g->origin != NULL ? g->norigin : g->source.nfiles;
-	uint64_t h = 14695981039346656037ull;
+	uint64_t h = FNV_OFFSET_BASIS;
 
 	for (size_t i = 0; i < n; i++) {
 		const struct stat *st = g->origin != NULL ? &g->origin[i].st :
 			&g->source.files[i].st;
 
-		h = (h ^ (uint64_t)st->st_dev) * 1099511628211ull;
-		h = (h ^ (uint64_t)st->st_ino) * 1099511628211ull;
+		h = fnv_mix(h, (uint64_t)st->st_dev);
+		h = fnv_mix(h, (uint64_t)st->st_ino);
 	}
 	return h;
 }

@@ -25,6 +25,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/fnv.h"
 #include "derive.h"
 #include "fdstore.h"
 #include "generation.h"
@@ -45,15 +46,16 @@ _Static_assert((int)GEN_NAMED_UNTOLD == (int)FDSTORE_NAMED_UNRECORDED &&
  * description (FDSTORE_NAME_STATUS, FDSTORE_NAME_DESC). */
 #define STORE_OWN_FDS 2u
 
+/* Where this file's FNV-1a hashes (base/fnv.h) start: FNV's offset basis
+ * short of its last digit. Any seed serves hashes compared only within one
+ * process, as these are; this one keeps them the values they had. */
+#define STORE_HASH_SEED UINT64_C(1469598103934665603)
+
 /* FNV-1a of s, never 0. */
 static uint64_t
 hash_text(const char *s)
 {
-	uint64_t h = 1469598103934665603ull;
-
-	for (; *s != '\0'; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h | 1;
+	return fnv_mix_string(STORE_HASH_SEED, s) | 1;
 }
 
 /* A store the manager's full queue refused is tried again by the next
@@ -445,8 +447,7 @@ hash_artifact(const struct derive_stored *a, void *arg)
 	v[1] = a->gen->stored_artifact;
 	v[2] = a->source;
 	v[3] = (uint64_t)a->gen->stored_done;
-	for (int i = 0; i < 4; i++)
-		w->hash = (w->hash ^ v[i]) * 1099511628211ull;
+	w->hash = fnv_mix_words(w->hash, v, 4);
 }
 
 /* sync_pending: does the plan take an artifact not yet stored? */
@@ -1027,15 +1028,15 @@ out:
 static uint64_t
 hash_holders(uint64_t h, const struct generation *g)
 {
-	h = (h ^ restore_holders(g)) * 1099511628211ull;
-	h = (h ^ (uint64_t)g->holders_lost) * 1099511628211ull;
+	h = fnv_mix(h, restore_holders(g));
+	h = fnv_mix(h, (uint64_t)g->holders_lost);
 	for (unsigned i = 0; i < g->nholders; i++) {
-		h = (h ^ g->holders[i].uid) * 1099511628211ull;
-		h = (h ^ g->holders[i].count) * 1099511628211ull;
+		h = fnv_mix(h, g->holders[i].uid);
+		h = fnv_mix(h, g->holders[i].count);
 	}
 	for (unsigned i = 0; g->hold_until_ms != 0 && i < g->nhold_places; i++) {
-		h = (h ^ g->hold_places[i].uid) * 1099511628211ull;
-		h = (h ^ (g->hold_places[i].count - g->hold_places[i].taken)) * 1099511628211ull;
+		h = fnv_mix(h, g->hold_places[i].uid);
+		h = fnv_mix(h, g->hold_places[i].count - g->hold_places[i].taken);
 	}
 	return h;
 }
@@ -1058,25 +1059,21 @@ hash_tree(uint64_t h, const struct model_entry *m)
 	struct registry_tree t;
 
 	if (!judged_tree(m, &t))
-		return (h ^ 0x7e) * 1099511628211ull;
+		return fnv_mix(h, 0x7e);
 	uint64_t v[8] = { t.uid, (uint64_t)t.root_known, (uint64_t)t.root_dev,
 		(uint64_t)t.root_ino, ((uint64_t)t.place_mode << 32) | t.place_dir_len,
 		g != NULL ? g->number : 0, g != NULL ? (uint64_t)g->path_named : 0,
 		((uint64_t)k->nfiles << 2) | (uint64_t)(k->named_told << 1) |
 			(uint64_t)k->named_file };
 
-	for (int i = 0; i < 8; i++)
-		h = (h ^ v[i]) * 1099511628211ull;
+	h = fnv_mix_words(h, v, 8);
 	for (size_t i = 0; i < k->nfiles; i++) {
-		h = (h ^ (uint64_t)k->owners[i]) * 1099511628211ull;
-		h = (h ^ (uint64_t)k->ids[i].ino) * 1099511628211ull;
-		h = (h ^ (uint64_t)k->ids[i].ctime_ns) * 1099511628211ull;
+		h = fnv_mix(h, (uint64_t)k->owners[i]);
+		h = fnv_mix(h, (uint64_t)k->ids[i].ino);
+		h = fnv_mix(h, (uint64_t)k->ids[i].ctime_ns);
 	}
-	for (const char *p = t.root; *p != '\0'; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
-	for (const char *p = t.place; p != NULL && *p != '\0'; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
-	return h;
+	h = fnv_mix_string(h, t.root);
+	return t.place != NULL ? fnv_mix_string(h, t.place) : h;
 }
 
 /* Set by restore_stopping(): the last description counts the files' link
@@ -1101,8 +1098,7 @@ hash_described_stats(uint64_t h, const struct registry *r)
 			uint64_t v[4] = { g->model->entry_id, g->number, k,
 				(uint64_t)file_time_ns(&now.st_ctim) ^ (uint64_t)now.st_nlink };
 
-			for (int i = 0; i < 4; i++)
-				h = (h ^ v[i]) * 1099511628211ull;
+			h = fnv_mix_words(h, v, 4);
 		}
 	}
 	return h;
@@ -1111,7 +1107,7 @@ hash_described_stats(uint64_t h, const struct registry *r)
 static uint64_t
 describe_hash(const struct registry *r)
 {
-	uint64_t h = hash_described_stats(1469598103934665603ull, r);
+	uint64_t h = hash_described_stats(STORE_HASH_SEED, r);
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
@@ -1120,15 +1116,13 @@ describe_hash(const struct registry *r)
 			(uint64_t)(carried(m) != NULL), (uint64_t)m->pin,
 			(uint64_t)m->refused_tree, g ? (uint64_t)g->path_named : 0 };
 
-		for (int i = 0; i < 10; i++)
-			h = (h ^ v[i]) * 1099511628211ull;
+		h = fnv_mix_words(h, v, 10);
 		if (g != NULL)
 			h = hash_holders(h, g);
-		for (const char *p = m->path; p != NULL && *p != '\0'; p++)
-			h = (h ^ (unsigned char)*p) * 1099511628211ull;
-		for (const char *p = m->refused_tree ? m->refused_line : NULL;
-			p != NULL && *p != '\0'; p++)
-			h = (h ^ (unsigned char)*p) * 1099511628211ull;
+		if (m->path != NULL)
+			h = fnv_mix_string(h, m->path);
+		if (m->refused_tree && m->refused_line != NULL)
+			h = fnv_mix_string(h, m->refused_line);
 		h = hash_tree(h, m);
 	}
 	/* The held generations described with them. */
@@ -1137,8 +1131,7 @@ describe_hash(const struct registry *r)
 			continue;
 		uint64_t v[2] = { g->model->entry_id, g->number };
 
-		for (int i = 0; i < 2; i++)
-			h = (h ^ v[i]) * 1099511628211ull;
+		h = fnv_mix_words(h, v, 2);
 		h = hash_holders(h, g);
 	}
 	/* The derived artifacts described with them. */

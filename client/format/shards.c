@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/fnv.h"
 #include "base/json.h"
 #include "base/path.h"
 
@@ -58,10 +59,8 @@ struct name_table {
 static uint64_t
 hash_name(const char *s, size_t len)
 {
-	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+	uint64_t h = fnv_mix_bytes(FNV_OFFSET_BASIS, s, len);
 
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
 	return h ^ (h >> 29);
 }
 
