@@ -24,7 +24,8 @@ from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID
                               alices_file_in_a_shared_place, as_alice, as_bob, made_by,
                               roots_private_model)
 from test_tree_places import warm_restart as tp_warm_restart
-from test_warm_restart import ready, sealed_memfd, start, write_in_place_keeping_mtime
+from test_warm_restart import (ready, sealed_memfd, start, stopped_after,
+                               write_in_place_keeping_mtime)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -475,17 +476,13 @@ def test_a_model_left_out_of_the_store_whose_file_got_a_link_while_running_loads
 
     d, mgr = restart_stored(tmp_path, {"alice": m}, lambda mgr: None, stored_then_linked,
                             max_fds=2)
-    try:
+    with stopped_after(d, mgr):
         _, line = d.wait_for_log(r'model "alice": (generation \d+ from|its file .* is not one'
                                  r'|.*wcachectl reload alice)', timeout=60)
         assert "generation 2 from %s: 1 file, %d bytes" % (m, os.stat(m).st_size) in line, \
             d.read_log()
         wait_until(lambda: "generation 2" in d.attach("alice").stdout,
                    what="alice's generation 2 served")
-    finally:
-        status = d.stop()
-        mgr.close()
-    assert status == 0, d.read_log()
 
 
 def test_a_stored_file_linked_while_running_then_written_in_place_is_not_restored(tmp_path):

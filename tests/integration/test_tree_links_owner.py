@@ -33,6 +33,19 @@ from test_warm_restart import ready
 __all__ = ["pytestmark"]
 
 
+@contextlib.contextmanager
+def llama_warm(tmp_path, path, gid=WCACHED_GID):
+    """wcached (the daemon's user, group gid) serving "llama" at path, until
+    its generation 1 is warm: the daemon, stopped after the block (cleanly,
+    exit status 0)."""
+    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, gid), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        yield d
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_bobs_directory_with_his_link_on_the_path_waits(tmp_path):
     """rev198 H1. The model "llama" is shared/llama/current (root's
     directory llama holding root's link current -> ../v2; v2 root's model),
@@ -49,9 +62,7 @@ def test_bobs_directory_with_his_link_on_the_path_waits(tmp_path):
     os.symlink("../v2", os.path.join(llama, "current"))
     secret = roots_private_model(os.path.join(shared, "secret"))
     path = os.path.join(llama, "current")
-    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, path) as d:
         as_bob("mkdir .x && chmod 0755 .x && ln -s ../secret .x/current", shared)
         # The operator's redeploy frees the name (rm -rf llama), bob's
         # directory is renamed in at once; the operator then removes v2
@@ -63,8 +74,6 @@ def test_bobs_directory_with_his_link_on_the_path_waits(tmp_path):
                                  r"its path|.*symbolic link|generation 2 from")
         assert "made by uid %d" % BOB_UID in line, line
         assert "owning the directory it is in does not count" in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_roots_private_directory_renamed_over_in_a_2775_place_waits(tmp_path):
@@ -77,15 +86,11 @@ def test_roots_private_directory_renamed_over_in_a_2775_place_waits(tmp_path):
     llama = made_by(os.path.join(shared, "llama"), 0)
     mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
     secret = roots_private_model(os.path.join(shared, "secret"))
-    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, llama) as d:
         as_bob("mv llama llama.old && mv secret llama", shared)
         line = secret_not_served(d, secret, "after bob's renames",
                                  r"its path|.*symbolic link|generation 2 ")
         assert "another directory than the tree serving" in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_a_deployers_link_in_her_own_directory_to_roots_private_model_waits(tmp_path):
@@ -103,16 +108,12 @@ def test_a_deployers_link_in_her_own_directory_to_roots_private_model_waits(tmp_
     deploy = made_by(tmp_path / "deploy", ALICE_UID, 0o755)
     as_alice("ln -s ../shared/v1 llama", deploy)
     path = os.path.join(deploy, "llama")
-    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, path) as d:
         as_alice("ln -s ../shared/secret .n && mv -T .n llama", deploy)
         line = secret_not_served(d, secret, "through alice's link in her directory",
                                  r"its path|.*symbolic link|generation 2 from")
         assert "made by uid %d" % ALICE_UID in line, line
         assert "wcachectl reload llama" in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def her_file(path, seed=1):
@@ -142,16 +143,12 @@ def roots_place_with_her_slot(tmp_path):
 @contextlib.contextmanager
 def her_swap(tmp_path, path, target):
     """wcached serving "llama" at path, her link, until its generation 1 is
-    warm; then her swap of that link to target: the daemon (stopped after
-    the block)."""
-    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    warm (llama_warm); then her swap of that link to target: the daemon
+    (stopped after the block)."""
+    with llama_warm(tmp_path, path) as d:
         as_alice("ln -s %s .n && mv -T .n %s" % (target, os.path.basename(path)),
                  os.path.dirname(path))
         yield d
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def roots_tree_reached_by_her_link(tmp_path, layout):
@@ -321,14 +318,10 @@ def test_her_index_over_hers_naming_roots_file_in_roots_team_place_waits(tmp_pat
         aplace = made_by(tmp_path / "aplace", ALICE_UID)
         as_alice("ln -s ../team2 cur", aplace)
         path = os.path.join(aplace, "cur")
-    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, path) as d:
         as_alice("mv .idx-alice model.safetensors.index.json", team2)
         line = secret_not_served(d, secret, how, r"its |.*symbolic link|generation 2 ")
         assert_roots_file_waits(line, path, team2)
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_her_index_naming_roots_file_in_roots_team_place_while_down_waits(tmp_path):
@@ -431,9 +424,7 @@ def test_her_index_naming_roots_private_file_beside_it_is_refused(tmp_path, layo
     owner could read, whoever owns the tree: refused, at the operator's
     reload too (her index is hers to rewrite), generation 1 serving."""
     d0, secret, put = her_index_layout(tmp_path, layout)
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         as_alice(put, d0)
         line = secret_not_served(d, secret, layout, r"its |.* may not read|generation 2 ")
         assert_her_index_refused(line, d0, secret)
@@ -441,8 +432,6 @@ def test_her_index_naming_roots_private_file_beside_it_is_refused(tmp_path, layo
         assert r.returncode != 0 and "may not read" in r.stdout + r.stderr, r
         assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
         assert "generation 1" in served(d, "llama")
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 @pytest.mark.parametrize("layout", HER_INDEX_LAYOUTS)
@@ -451,15 +440,11 @@ def test_her_index_naming_roots_file_she_may_read_loads(tmp_path, layout):
     the model 0644 (she may read it): her index naming it is her model, as
     her index over root's shards (each layout's generation 1) was."""
     d0, secret, put = her_index_layout(tmp_path, layout, mode=0o644)
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         as_alice(put, d0)
         _, line = d.wait_for_log(r'model "llama": (its |.* may not read|generation 2 is current)')
         assert "generation 2 is current" in line, d.read_log()
         assert "generation 2, 30 tensors" in served(d, "llama")
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_roots_own_index_naming_his_private_file_loads(tmp_path):
@@ -467,16 +452,12 @@ def test_roots_own_index_naming_his_private_file_loads(tmp_path):
     next index (his: he chose its names) naming his private file beside the
     model is his update: loaded, whoever owned the index it replaces."""
     d0, secret, _ = her_index_layout(tmp_path, "roots-v1-in-place")
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         subprocess.run(["sh", "-ec", "cp %s .n && mv .n model.safetensors.index.json"
                         % os.path.join(tmp_path, "aplace", "idx")], cwd=d0, check=True)
         _, line = d.wait_for_log(r'model "llama": (its |.* may not read|generation 2 is current)')
         assert "generation 2 is current" in line, d.read_log()
         assert "generation 2, 30 tensors" in served(d, "llama")
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 @pytest.mark.parametrize("layout", ["team-place-roots-shard", "roots-v1-in-place"])
@@ -505,15 +486,11 @@ def test_her_index_in_roots_slot_she_may_write_by_an_acl_waits(tmp_path):
     fix too), and the index rule refuses it at the operator's reload."""
     d0, secret, put = her_index_layout(tmp_path, "roots-v1-acl")
     assert os.stat(d0).st_mode & 0o7777 == 0o775
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         as_alice(put, d0)
         line = secret_not_served(d, secret, "acl", r"its |.* may not read|generation 2 ")
         assert "its file %s is owned by uid 0, the owner of its tree %s, who owns none of " \
             "the files serving" % (secret, d0) in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_her_index_naming_bobs_private_file_beside_it_waits(tmp_path):
@@ -532,15 +509,11 @@ def test_her_index_naming_bobs_private_file_beside_it_waits(tmp_path):
     os.chown(os.path.join(d0, ".n"), ALICE_UID, GROUP)
     os.rename(secret, os.path.join(d0, "bobsecret.safetensors"))
     secret = os.path.join(d0, "bobsecret.safetensors")
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         as_alice("mv .n model.safetensors.index.json", d0)
         line = secret_not_served(d, secret, "bob's", r"its |.* may not read|generation 2 ")
         assert "%s is owned by uid %d (mode 0640, group %d), which uid 0 (the owner of the " \
             "model's tree %s) may not read" % (secret, BOB_UID, WCACHED_GID, d0) in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def test_her_index_naming_roots_private_file_with_owners_untold_is_refused(tmp_path):
@@ -611,9 +584,7 @@ def test_group_writable_index_naming_owners_private_file_waits(tmp_path, place):
     serving, at the operator's reload too."""
     d0, secret, put = writers_index_layout(tmp_path, place)
     owner = BOB_UID if place == "bobs-0755-dir" else 0
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0) as d:
         as_alice(put, d0)
         assert os.stat(os.path.join(d0, "model.safetensors.index.json")).st_uid == owner
         line = secret_not_served(d, secret, place, r"its |.* may not read|.* may write|"
@@ -627,8 +598,6 @@ def test_group_writable_index_naming_owners_private_file_waits(tmp_path, place):
         r = ctl(d, "reload", "llama")
         assert r.returncode != 0 and "may write" in r.stdout + r.stderr, r
         assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 @pytest.mark.parametrize("place", ["bobs-0755-dir", "roots-0755-slot"])
@@ -638,16 +607,12 @@ def test_group_writable_index_naming_a_file_its_group_may_read_loads(tmp_path, p
     ACL; wcached runs in GROUP to read it): alice's rewrite naming it is
     generation 2."""
     d0, secret, put = writers_index_layout(tmp_path, place, secret_gid=GROUP)
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, GROUP), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0, gid=GROUP) as d:
         as_alice(put, d0)
         _, line = d.wait_for_log(r'model "llama": (its |.* may not read|.* may write|'
                                  r'generation 2 is current)')
         assert "generation 2 is current" in line, d.read_log()
         assert "generation 2, 30 tensors" in served(d, "llama")
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def set_acl(path, entries):
@@ -701,10 +666,7 @@ def test_her_index_naming_roots_file_given_to_wcached_by_an_acl_waits(tmp_path, 
     assert os.stat(secret).st_mode & 0o7777 == 0o640
     r = subprocess.run(as_user(ALICE_UID, GROUP) + ["cat", secret], capture_output=True)
     assert (r.returncode == 0) != acl, r
-    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID if acl else GROUP),
-               nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
+    with llama_warm(tmp_path, d0, gid=WCACHED_GID if acl else GROUP) as d:
         as_alice(put, d0)
         if acl:
             line = secret_not_served(d, secret, layout, r"its |.* may not read|generation 2 ")
@@ -714,8 +676,6 @@ def test_her_index_naming_roots_file_given_to_wcached_by_an_acl_waits(tmp_path, 
             _, line = d.wait_for_log(r'model "llama": (its |.* may not read|'
                                      r'generation 2 is current)')
             assert "generation 2 is current" in line, d.read_log()
-    finally:
-        assert d.stop() == 0, d.read_log()
 
 
 def traced_by(pid):

@@ -8,6 +8,7 @@ the load log says restored), on the same status page, while a worker that
 attached before the restart still reads correct bytes; a model whose
 path changed loads afresh with the next generation number, one whose pin
 changed (by a reload, or while no wcached ran) is restored and takes it."""
+import contextlib
 import json
 import os
 import re
@@ -98,6 +99,19 @@ def start_stored(d, mgr):
     wait_until(lambda: ready(d, "a"), what="a ready")
     mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
                  what="a's generation and the description stored")
+
+
+@contextlib.contextmanager
+def stopped_after(d, mgr):
+    """Runs the block, then stops d and closes mgr, whatever the block did;
+    after a block that ended without an error, d must have stopped cleanly
+    (exit status 0)."""
+    try:
+        yield
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
 
 
 def test_warm_restart(tmp_path):
@@ -381,7 +395,7 @@ def test_a_file_written_in_place_with_its_mtime_put_back_while_down_loads_afresh
     a = mkmodel(tmp_path / "a.safetensors", seed=1)
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     d = Daemon(tmp_path, {"a": a})
-    try:
+    with stopped_after(d, mgr):
         start_stored(d, mgr)
         assert d.stop() == 0, d.read_log()
         write_in_place_keeping_mtime(a)
@@ -405,10 +419,6 @@ def test_a_file_written_in_place_with_its_mtime_put_back_while_down_loads_afresh
         write_in_place_keeping_mtime(a)
         wait_until(lambda: status(d)["a"].get("state") == "modified",
                    what="generation 2 marked modified")
-    finally:
-        status_code = d.stop()
-        mgr.close()
-    assert status_code == 0, d.read_log()
 
 
 def test_a_changed_pin_keeps_the_restart_warm(tmp_path):
