@@ -316,3 +316,43 @@ def test_state_dict_into_module(tmp_path, no_daemon):
             w = torch.nn.Parameter(f.get_tensor("weight"), requires_grad=False)
             assert torch.equal(torch.nn.functional.linear(x, w, f.get_tensor("bias")), net(x))
     assert np.isfinite(w.numpy()).all()   # still valid after the with block
+
+
+def test_convert_names_what_src_is_before_refusing_for_the_torch_version(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A missing path, a directory, a FIFO, a text or GGUF file is named as
+    such in one line, with or without --trust-pickle: on torch before 2.6
+    (Debian 12's 1.13) each was refused with "pass --trust-pickle to convert
+    it anyway", and with it a missing file gave Python's "[Errno 2] ..."
+    (review rev223 M2). Real checkpoints (torch.save's zip and legacy
+    formats) are still refused without --trust-pickle there, and convert
+    with it."""
+    from wcache.convert import main
+    monkeypatch.setattr(torch, "__version__", "1.13.0a0")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "notes.txt").write_text("root:x:0:0\n")
+    (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(24))
+    os.mkfifo(tmp_path / "fifo")
+    cases = {"missing.pt": "No such file or directory", "dir": "is a directory",
+             "fifo": "is a FIFO", "notes.txt": "not a PyTorch checkpoint: a text file",
+             "m.gguf": "not a PyTorch checkpoint: a GGUF file"}
+    out = tmp_path / "out.safetensors"
+    for name, reason in cases.items():
+        src = tmp_path / name
+        for opts in ([], ["--trust-pickle"]):
+            status, err = main(opts + [str(src), str(out)]), capsys.readouterr().err
+            assert status == 1, (name, opts, err)
+            assert f"wcache.convert: {src}: {reason}" in err, (name, opts, err)
+            assert "pass --trust-pickle" not in err and "Errno" not in err, (name, opts, err)
+            assert "CVE" not in err and len(err.splitlines()) == 1, (name, opts, err)
+            assert not out.exists()
+    for i, zipped in enumerate((True, False)):
+        pt = tmp_path / f"m{i}.pt"
+        torch.save({"w": torch.ones(3)}, pt, _use_new_zipfile_serialization=zipped)
+        assert main([str(pt), str(out)]) == 1
+        assert "pass --trust-pickle" in capsys.readouterr().err
+        assert main(["--trust-pickle", str(pt), str(out)]) == 0
+        assert "CVE-2025-32434" in capsys.readouterr().err
+        with wcache.open_file(out) as m:
+            assert m.torch("w").tolist() == [1.0, 1.0, 1.0]
+        out.unlink()

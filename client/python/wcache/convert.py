@@ -51,9 +51,12 @@ remove the temporary file before the command ends by the same signal, as
 import argparse
 import os
 import signal
+import stat
 import struct
 import sys
+import tarfile
 import threading
+import zipfile
 
 from ._dtypes import TORCH_TO_ST
 
@@ -167,16 +170,10 @@ def _last_line(e):
     return lines[-1] if lines else repr(e)
 
 
-def _is_safetensors(src):
-    """Whether src starts as a safetensors file does (a plausible header
-    length, then a JSON object): torch's unpickler would call it pickled
-    objects to trust."""
-    try:
-        with open(src, "rb") as f:
-            head = f.read(8 + 4096)
-            size = os.fstat(f.fileno()).st_size
-    except OSError:
-        return False
+def _is_safetensors(head, size):
+    """Whether a file of size bytes that starts with head starts as a
+    safetensors file does (a plausible header length, then a JSON object):
+    torch's unpickler would call it pickled objects to trust."""
     if len(head) < 9:
         return False
     n = struct.unpack("<Q", head[:8])[0]
@@ -184,6 +181,75 @@ def _is_safetensors(src):
     # it: client/format/diagnose.c), within the n bytes the length names.
     text = head[8:8 + min(n, 4096)].lstrip(b" \t\r\n")
     return text[:1] == b"{" and 2 <= n <= size - 8
+
+
+# What torch.save writes first in its legacy format (before torch 1.6): the
+# magic number 0x1950a86a20f9469cfc6c pickled, with protocol 2 (the default)
+# or, given pickle_protocol=0 or 1, as a LONG in decimal.
+_LEGACY_TEXT_MAGIC = b"L119547037146038801333356L"
+
+_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _describe(head, size):
+    """What a file that is not a PyTorch checkpoint is, as far as its first
+    bytes tell, for the message that refuses it."""
+    if size == 0:
+        return "the file is empty"
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive without torch.save's data.pkl (or cut short)"
+    if head.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer (run `git lfs pull` to fetch the file)"
+    for magic, what in ((b"GGUF", "a GGUF file (llama.cpp)"), (b"\x93NUMPY", "a NumPy .npy array"),
+                        (b"\x89HDF\r\n\x1a\n", "an HDF5 file"),
+                        (b"GIEW", "a WEIG file"), (b"WEIG", "a WEIG file")):
+        if head.startswith(magic):
+            return what
+    sample = head[:64]
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in sample):
+        return f"a text file (it starts {sample[:24].decode()!r})"
+    return f"it starts with bytes {sample[:8].hex(' ')}, neither a zip archive nor a pickle"
+
+
+def _check_source(src):
+    """Raises ConvertError unless src is a regular file that may be a
+    PyTorch checkpoint: torch.save's zip archive (torch 1.6 and later, with
+    a data.pkl), a pickle (the legacy format, or pickled tensors) or the
+    legacy tar format. Checked before the torch version, so that a typo or
+    a file of another format is named as such rather than refused as a
+    pickle to trust."""
+    try:
+        st = os.stat(src)
+    except OSError as e:
+        raise ConvertError(f"{src}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConvertError(f"{src}: is a directory, not a checkpoint file")
+    if not stat.S_ISREG(st.st_mode):
+        what = next((w for test, w in _FILE_TYPES if test(st.st_mode)), "not a regular file")
+        raise ConvertError(f"{src}: is {what}, not a checkpoint file (a regular file)")
+    try:
+        with open(src, "rb") as f:
+            head = f.read(8 + 4096)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise ConvertError(f"{src}: {e.strerror}") from None
+    if _is_safetensors(head, size):
+        raise ConvertError(f"{src}: not a PyTorch checkpoint: it is a safetensors file "
+                           f"already (nothing to convert)")
+    if (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+            or head.startswith(_LEGACY_TEXT_MAGIC)):
+        return  # a pickle: torch.load says whether it holds a state dict
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(src) as z:
+                if any(n.endswith(".pkl") for n in z.namelist()):
+                    return
+        except (zipfile.BadZipFile, OSError):
+            pass
+    elif tarfile.is_tarfile(src):
+        return
+    raise ConvertError(f"{src}: not a PyTorch checkpoint: {_describe(head, size)}")
 
 
 def _refuse_same_file(src, dst):
@@ -232,18 +298,20 @@ def weights_only_unsafe(torch):
 def convert(src, dst, trust_pickle=False, log=None):
     """Converts the checkpoint src to the safetensors file dst. Returns the
     tensor dict that was written. log(msg) receives notes (skipped entries,
-    shared storage)."""
+    shared storage, what trust_pickle trusts on torch before 2.6). A src
+    that is missing, not a regular file or not a checkpoint at all raises
+    ConvertError before the torch version is looked at."""
     import pickle
     import torch
     log = log or (lambda msg: None)
+    _check_source(src)
     _refuse_same_file(src, dst)
-    if _is_safetensors(src):
-        raise ConvertError(f"{src}: not a PyTorch checkpoint: it is a safetensors file "
-                           f"already (nothing to convert)")
     unsafe = weights_only_unsafe(torch)
     if unsafe is not None and not trust_pickle:
         raise ConvertError(f"{src}: refused: {unsafe}; pass --trust-pickle (trust_pickle=True) "
                            f"to convert it anyway")
+    if unsafe is not None:
+        log(unsafe)  # what --trust-pickle trusts
     try:
         try:
             obj = torch.load(src, map_location="cpu", weights_only=True)
@@ -325,14 +393,14 @@ def main(argv=None):
     except ImportError as e:
         print(f"wcache.convert: {args.src}: needs torch: {e}", file=sys.stderr)
         return 1
-    unsafe = weights_only_unsafe(torch)
-    if unsafe is not None and args.trust_pickle:
-        log(unsafe)
     old = _catch_signals()
     try:
         tensors = convert(args.src, args.dst, trust_pickle=args.trust_pickle, log=log)
-    except (ConvertError, OSError) as e:
+    except ConvertError as e:
         print(f"wcache.convert: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # one line naming the file, not "[Errno 2] ..."
+        print(f"wcache.convert: {e.filename or args.src}: {e.strerror or e}", file=sys.stderr)
         return 1
     except _Interrupted as e:
         # The temporary file is gone; end as the signal's default action
