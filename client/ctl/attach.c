@@ -29,7 +29,8 @@ attach_usage(FILE *f)
 		   "  --socket PATH  wcached's client socket (default $WCACHE_SOCKET, else\n"
 		   "                 " DEFAULT_SOCKET_PATH ")\n"
 		   "  --touch        also read every page of every tensor and time it\n"
-		   "  --json         print one JSON object\n");
+		   "  --json         print one JSON object, on a failure too:\n"
+		   "                 {\"ok\":false,\"protocol\":1,\"error\":\"...\"}\n");
 }
 
 /* Reads one byte of every page of every tensor; returns a checksum so the
@@ -59,7 +60,7 @@ int
 ctl_attach(int argc, char **argv)
 {
 	const char *name = NULL, *socket_path = NULL;
-	int touch = 0, json = 0;
+	int touch = 0, json = ctl_file_json(argc, argv, "--socket");
 	double t0, t_attach, t_touch = 0;
 	uint64_t bytes = 0, sum = 0;
 	wc_client *c;
@@ -72,32 +73,32 @@ ctl_attach(int argc, char **argv)
 		} else if (strcmp(argv[i], "--touch") == 0) {
 			touch = 1;
 		} else if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
+			continue; /* ctl_file_json() read it */
 		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			attach_usage(stdout);
 			return 0;
 		} else if (strcmp(argv[i], "--socket") == 0) {
-			return ctl_usage_error("attach", "--socket needs a value");
+			return ctl_json_usage(json, ctl_usage_error("attach",
+				"--socket needs a value"));
 		} else if (argv[i][0] == '-') {
-			return ctl_usage_error("attach", "unknown option \"%s\"", argv[i]);
+			return ctl_json_usage(json, ctl_usage_error("attach",
+				"unknown option \"%s\"", argv[i]));
 		} else if (name == NULL) {
 			name = argv[i];
 		} else {
-			return ctl_usage_error("attach", "unexpected argument \"%s\": attach takes "
-				"one NAME", argv[i]);
+			return ctl_json_usage(json, ctl_usage_error("attach",
+				"unexpected argument \"%s\": attach takes one NAME", argv[i]));
 		}
 	}
 	if (name == NULL)
-		return ctl_usage_error("attach", "missing NAME");
-	if (wc_connect(socket_path, &c) < 0) {
-		ctl_error("%s", wc_errmsg());
-		return 1;
-	}
+		return ctl_json_usage(json, ctl_usage_error("attach", "missing NAME"));
+	if (wc_connect(socket_path, &c) < 0)
+		return ctl_fail(json, "%s", wc_errmsg());
 	t0 = ctl_monotonic();
 	if (wc_attach(c, name, &m) < 0) {
-		ctl_error("%s", wc_errmsg());
+		ctl_fail(json, "%s", wc_errmsg());
 		wc_disconnect(c);
-		return 1;
+		return CTL_EXIT_FAILURE;
 	}
 	t_attach = ctl_monotonic() - t0;
 	for (size_t i = 0; i < wc_model_count(m); i++)

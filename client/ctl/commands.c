@@ -39,15 +39,19 @@
 #include "proto/control_proto.h"
 #include "proto/defaults.h"
 
-/* The commands that do not talk to the control socket. */
+/* The commands that do not talk to the control socket, and where each
+ * takes --json: the usage error for a --json before the command says so. */
 static const struct {
 	const char *name;
 	int (*run)(int, char **);
 	const char *summary;
+	const char *json; /* the command line with its --json; NULL: none */
 } file_commands[] = {
-	{ "inspect", ctl_inspect, "validate a model file and list its tensors" },
-	{ "convert", ctl_convert, "convert between safetensors and WEIG" },
-	{ "attach", ctl_attach, "attach a model through wcached and time it" },
+	{ "inspect", ctl_inspect, "validate a model file and list its tensors",
+		"wcachectl inspect --json PATH" },
+	{ "convert", ctl_convert, "convert between safetensors and WEIG", NULL },
+	{ "attach", ctl_attach, "attach a model through wcached and time it",
+		"wcachectl attach NAME --json" },
 };
 
 #define NFILE_COMMANDS (sizeof(file_commands) / sizeof(file_commands[0]))
@@ -226,11 +230,13 @@ ctl_run(int argc, char **argv, const char *config, const char *control, int json
 			return ctl_json_usage(json, ctl_usage_error(file_commands[k].name, "-c and "
 				"--control go with the control commands, not %s",
 				file_commands[k].name));
-		if (json)
+		if (json && file_commands[k].json != NULL)
 			return ctl_json_usage(json, ctl_usage_error(file_commands[k].name, "--json "
-				"goes after the command here, as one of %s's own options "
-				"(wcachectl %s ... --json), where it has one",
-				file_commands[k].name, file_commands[k].name));
+				"goes after the command here, as one of its own options: %s",
+				file_commands[k].json));
+		if (json)
+			return ctl_json_usage(json, ctl_usage_error(file_commands[k].name,
+				"%s has no --json output", file_commands[k].name));
 		return file_commands[k].run(argc, argv);
 	}
 	return ctl_json_usage(json, ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]));
@@ -242,6 +248,16 @@ ctl_run(int argc, char **argv, const char *config, const char *control, int json
  * --json's error object. */
 static char last_error[8192];
 
+/* Keeps the message in last_error and prints it, escaped, on stderr. */
+static void __attribute__((format(printf, 1, 0)))
+print_error(const char *fmt, va_list ap)
+{
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	fputs("wcachectl: ", stderr);
+	escape_print(stderr, last_error);
+	fputc('\n', stderr);
+}
+
 /* Prints an error (internal.h). */
 void
 ctl_error(const char *fmt, ...)
@@ -249,11 +265,35 @@ ctl_error(const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	print_error(fmt, ap);
 	va_end(ap);
-	fputs("wcachectl: ", stderr);
-	escape_print(stderr, last_error);
-	fputc('\n', stderr);
+}
+
+/* Whether a file command's own options hold --json (internal.h). */
+int
+ctl_file_json(int argc, char **argv, const char *value_option)
+{
+	for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+		if (strcmp(argv[i], "--json") == 0)
+			return 1;
+		if (value_option != NULL && strcmp(argv[i], value_option) == 0)
+			i++; /* its value, whatever it looks like */
+	}
+	return 0;
+}
+
+/* Prints an error and, with --json, its error object (internal.h). */
+int
+ctl_fail(int json, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	print_error(fmt, ap);
+	va_end(ap);
+	if (json)
+		ctl_json_error();
+	return CTL_EXIT_FAILURE;
 }
 
 /* Prints a usage error (ctl.h). */

@@ -32,7 +32,8 @@ inspect_usage(FILE *f)
 		   "or a WEIG file) and lists its tensors: name, dtype, shape, bytes and the\n"
 		   "byte offset of the data in its file. Exits 0 for a valid model, 1 with a\n"
 		   "one-line reason otherwise.\n\n"
-		   "  --json   print one JSON object: format, metadata, tensors\n");
+		   "  --json   print one JSON object: format, metadata, tensors; on a failure\n"
+		   "           {\"ok\":false,\"protocol\":1,\"error\":\"...\"}\n");
 }
 
 /* Prints s escaped (escape_print()), then spaces up to width columns of
@@ -212,35 +213,36 @@ ctl_inspect(int argc, char **argv)
 	struct model_source s;
 	struct index_header h;
 	const char *path = NULL;
-	int json = 0, options = 1, r;
+	int json = ctl_file_json(argc, argv, NULL), options = 1, r;
 
 	for (int i = 1; i < argc; i++) {
 		if (options && strcmp(argv[i], "--") == 0) {
 			options = 0; /* as convert: a PATH that starts with '-' follows */
 		} else if (options && strcmp(argv[i], "--json") == 0) {
-			json = 1;
+			continue; /* ctl_file_json() read it */
 		} else if (options && (strcmp(argv[i], "--help") == 0 ||
 			strcmp(argv[i], "-h") == 0)) {
 			inspect_usage(stdout);
 			return 0;
 		} else if (options && argv[i][0] == '-' && argv[i][1] != '\0') {
-			return ctl_usage_error("inspect", "unknown option \"%s\"", argv[i]);
+			return ctl_json_usage(json, ctl_usage_error("inspect",
+				"unknown option \"%s\"", argv[i]));
 		} else if (path == NULL) {
 			path = argv[i];
 		} else {
-			return ctl_usage_error("inspect",
-				"unexpected argument \"%s\": inspect takes one PATH", argv[i]);
+			return ctl_json_usage(json, ctl_usage_error("inspect",
+				"unexpected argument \"%s\": inspect takes one PATH", argv[i]));
 		}
 	}
 	if (path == NULL)
-		return ctl_usage_error("inspect", "missing PATH");
-	if (source_open(path, &s) < 0) {
-		ctl_error("%s", error_get());
-		return 1;
-	}
-	if ((r = index_open(s.index, s.index_len, &h)) == 0)
-		r = json ? print_json(&s, &h) : print_table(&s, &h);
-	if (r < 0)
+		return ctl_json_usage(json, ctl_usage_error("inspect", "missing PATH"));
+	if (source_open(path, &s) < 0)
+		return ctl_fail(json, "%s", error_get());
+	if ((r = index_open(s.index, s.index_len, &h)) < 0)
+		ctl_fail(json, "%s: %s", path, error_get());
+	/* index_open() checked every entry that the printers read again: a
+	 * failure there (none expected) ends what was printed, with no object. */
+	else if ((r = json ? print_json(&s, &h) : print_table(&s, &h)) < 0)
 		ctl_error("%s: %s", path, error_get());
 	source_close(&s);
 	/* A failed write to stdout: main() says so (ctl_finish_output()). */

@@ -128,6 +128,17 @@ void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * when the daemon's reply never came. */
 void ctl_json_error(void);
 
+/* Whether the options of a file command (inspect, attach: argv[0] is its
+ * name) hold --json, before "--" and not as the value of value_option
+ * (NULL: none takes one): a usage error found before --json is read still
+ * owes stdout its one JSON object. */
+int ctl_file_json(int argc, char **argv, const char *value_option);
+
+/* ctl_error(), then with json ctl_json_error()'s object on stdout; returns
+ * CTL_EXIT_FAILURE. For the file commands' --json, whose output is one
+ * JSON object whatever happens, as the control commands' is. */
+int ctl_fail(int json, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* A usage error's exit status (status, from ctl_usage_error()); with
  * --json (json set), after ctl_json_error()'s object. */
 int ctl_json_usage(int json, int status);

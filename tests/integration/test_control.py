@@ -514,6 +514,39 @@ def test_json_is_one_object_whatever_happens(tmp_path, daemon):
         assert r.stdout.count("\n") == 1
 
 
+def test_file_commands_json_is_one_object_whatever_happens(tmp_path, daemon):
+    """attach --json and inspect --json print the error object on stdout when
+    they fail, as their help and README say (review rev223 L7: stdout was
+    empty); a --json before a file command says where its --json goes, and
+    that convert has none (L12: it advised `convert ... --json`)."""
+    missing = str(tmp_path / "none.safetensors")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = ((["attach", "nosuch", "--json", "--socket", daemon.socket], 1, '"nosuch"'),
+             (["attach", "small", "--json", "--socket", missing], 1, "not running"),
+             (["inspect", "--json", missing], 1, "No such file"),
+             (["inspect", missing, "--json"], 1, "No such file"),
+             (["inspect", "--json", str(empty)], 1, str(empty)),
+             (["attach", "--json"], 2, "missing NAME"),
+             (["attach", "--json", "--bogus"], 2, '"--bogus"'),
+             (["inspect", "--json", "a", "b"], 2, 'unexpected argument "b"'),
+             (["--json", "inspect", "x"], 2, "wcachectl inspect --json PATH"),
+             (["--json", "attach", "x"], 2, "wcachectl attach NAME --json"),
+             (["--json", "convert", "a", "b"], 2, "convert has no --json output"))
+    for args, code, text in cases:
+        r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True)
+        assert r.returncode == code, (args, r.returncode, r.stderr)
+        reply = json.loads(r.stdout)
+        assert reply["ok"] is False and reply["protocol"] == 1, (args, reply)
+        assert text in reply["error"] and text in r.stderr, (args, reply, r.stderr)
+        assert r.stdout.count("\n") == 1 and len(r.stderr.splitlines()) == 1, (args, r)
+    # Without --json, stdout stays empty; and the successful objects are unchanged.
+    r = subprocess.run([binary("wcachectl"), "inspect", missing], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == "", r
+    reply = json.loads(daemon.attach("small", "--json").stdout)
+    assert reply["model"] == "small" and "ok" not in reply, reply
+
+
 def test_every_reply_has_the_protocol_version(daemon):
     c = Control(daemon)
     try:
