@@ -214,6 +214,23 @@ key_index(const char *const *table, int n, const char *key)
 	return -1;
 }
 
+/* memory_budget = a number without a unit (value: its digits): which unit
+ * was meant cannot be told, and 64 bytes, what it gave, evicted every
+ * unpinned model at once; an error naming the spellings that say it
+ * (review rev223 M1). */
+static void
+budget_unit_error(struct parse_ctx *ctx, const char *value)
+{
+	int n = (int)strspn(value, "0123456789");
+	char pct[64] = "";
+
+	if (n <= 3 && strtoul(value, NULL, 10) <= 100)
+		snprintf(pct, sizeof(pct), ", or %.*s%% for that share of RAM", n, value);
+	config_error(ctx, -EINVAL, "memory_budget: \"%s\": a size needs a unit: %.*sG for "
+		"%.*s GiB, %.*sM for %.*s MiB (K, M, G, T; B for bytes)%s", value, n, value, n,
+		value, n, value, n, value, pct);
+}
+
 /* One key of [wcached]. */
 static void
 wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
@@ -268,8 +285,11 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 			cfg->log_level = r;
 		break;
 	case WK_MEMORY_BUDGET:
-		if (config_parse_memory_budget(value, &cfg->memory_budget,
-			    &cfg->memory_budget_value, &why) < 0)
+		r = config_parse_memory_budget(value, &cfg->memory_budget,
+			&cfg->memory_budget_value, &why);
+		if (r == -EDOM)
+			budget_unit_error(ctx, value);
+		else if (r < 0)
 			config_error(ctx, -EINVAL, "memory_budget: \"%s\": %s", value, why);
 		break;
 	case WK_MAX_CLIENTS:

@@ -88,7 +88,8 @@ int config_parse_int_key(struct parse_ctx *ctx, const char *prefix, const char *
 int config_parse_bool(const char *s);
 
 /* memory_budget: "none", a size with a binary unit, or a percentage of RAM.
- * Returns 0, or -EINVAL with the reason in *why. */
+ * Returns 0, -EDOM for a number without a unit, or -EINVAL with the reason
+ * in *why. */
 int config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *value,
 	const char **why);
 

@@ -127,11 +127,13 @@ config_parse_bool(const char *s)
 	return -EINVAL;
 }
 
-/* Parses memory_budget: "none", a byte count with an optional binary unit
- * (K, M, G, T, optionally followed by "B" or "iB"; "B" alone is bytes; case
- * does not matter; spaces between number and unit are allowed), or an
- * integer percentage of RAM from 1 to 100 ("80%"). On error stores the
- * reason in why. */
+/* Parses memory_budget: "none", a byte count with a binary unit (K, M, G,
+ * T, optionally followed by "B" or "iB"; "B" alone is bytes; case does not
+ * matter; spaces between number and unit are allowed), or an integer
+ * percentage of RAM from 1 to 100 ("80%"). A number without a unit is
+ * refused with -EDOM (why unset): "64" meant 64 bytes, read as 64 GiB or
+ * 64 % by whoever wrote it (review rev223 M1). Any other error is -EINVAL,
+ * with the reason in why. */
 int
 config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *value,
 	const char **why)
@@ -177,6 +179,8 @@ config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *va
 	}
 	switch (toupper((unsigned char)*p)) {
 	case '\0':
+		if (n != 0)
+			return -EDOM;
 		break;
 	case 'B':
 		p++;

@@ -379,6 +379,31 @@ def test_bad_budget_refused_at_start(tmp_path, value, reason):
     assert reason in r.stderr
 
 
+def test_a_budget_without_a_unit_is_refused_by_check_start_and_reload(start, tmp_path):
+    """memory_budget = 64 (no unit) was 64 bytes: --check said ok, and the
+    start evicted every unpinned model at once (status exit 3). README, the
+    example config and wcached.conf(5) give a size its unit: a bare number is
+    an error naming the spellings that say which was meant, at --check, at
+    the start and at a reload, which keeps the budget in force (review
+    rev223 M1)."""
+    model = make(tmp_path, "a", 1)
+    line = ('memory_budget: "64": a size needs a unit: 64G for 64 GiB, 64M for 64 MiB '
+            "(K, M, G, T; B for bytes), or 64% for that share of RAM")
+    d = Daemon(tmp_path, {"a": model}, "memory_budget = 64\n")
+    for argv in (["--check", "-c", d.conf], ["-c", d.conf]):
+        r = subprocess.run([binary("wcached"), *argv], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1, (argv, r.stdout, r.stderr)
+        assert f"{d.conf}:6: {line}\n" in r.stderr, (argv, r.stderr)
+    d = start({"a": model}, budget=BUDGET)
+    d.write_config({"a": model}, "memory_budget = 64\n")
+    r = ctl(d, "reload")
+    assert r.returncode == 1 and line in r.stdout + r.stderr, r
+    assert f"reload refused: {d.conf}:6: {line}" in d.read_log()
+    assert status(d)["memory"]["budget"] == 40 << 20
+    assert ctl(d, "status").returncode == 0  # a still warm
+
+
 def test_reload_lowering_budget_evicts(start, tmp_path):
     """A reload that lowers memory_budget enforces it at once (once a bug:
     the new budget waited for the next load or cold attach)."""

@@ -309,7 +309,7 @@ test_memory_budget(void **state)
 	} cases[] = {
 		{"64G", CONFIG_BUDGET_BYTES, 64ull << 30, 64ull << 30},
 		{"512M", CONFIG_BUDGET_BYTES, 512ull << 20, 512ull << 20},
-		{"1024", CONFIG_BUDGET_BYTES, 1024, 1024},
+		{"1024b", CONFIG_BUDGET_BYTES, 1024, 1024},
 		{"100B", CONFIG_BUDGET_BYTES, 100, 100},
 		{"2KiB", CONFIG_BUDGET_BYTES, 2048, 2048},
 		{"2KIB", CONFIG_BUDGET_BYTES, 2048, 2048},
@@ -353,6 +353,17 @@ test_memory_budget(void **state)
 	check_error(f, "[wcached]\nmemory_budget = 12X\n", 2,
 		"memory_budget: \"12X\": unknown unit");
 	check_error(f, "[wcached]\nmemory_budget = 0\n", 2, "greater than 0");
+	/* No unit: 64 bytes before, whoever wrote it meant 64 GiB or 64 %
+	 * (review rev223 M1). */
+	check_error(f, "[wcached]\nmemory_budget = 64\n", 2,
+		"memory_budget: \"64\": a size needs a unit: 64G for 64 GiB, 64M for 64 MiB "
+		"(K, M, G, T; B for bytes), or 64% for that share of RAM");
+	check_error(f, "[wcached]\nmemory_budget = 4096\n", 2,
+		"memory_budget: \"4096\": a size needs a unit: 4096G for 4096 GiB, 4096M for "
+		"4096 MiB (K, M, G, T; B for bytes)");
+	assert_null(strstr(error_get(), "share of RAM"));
+	check_error(f, "[wcached]\nmemory_budget = 101\n", 2, "B for bytes)");
+	assert_null(strstr(error_get(), "share of RAM"));
 	check_error(f, "[wcached]\nmemory_budget = 0%\n", 2, "from 1% to 100%");
 	check_error(f, "[wcached]\nmemory_budget = 101%\n", 2, "from 1% to 100%");
 	check_error(f, "[wcached]\nmemory_budget = 80%x\n", 2, "after '%'");
