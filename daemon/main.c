@@ -555,14 +555,16 @@ drop_privileges(struct daemon *d)
 
 	if (c->user == NULL)
 		return;
-	if (c->user_uid == 0) {
-		log_warnx("user = %s: that is root: wcached keeps running as root", c->user);
-		return;
-	}
+	/* Who it was started as first: `user = root` from uid 64111 keeps
+	 * 64111, not root (review rev223 L10). */
 	if (geteuid() != 0) {
 		if (geteuid() != c->user_uid)
 			log_warnx("user = %s: not started as root, staying uid %u", c->user,
 				(unsigned)geteuid());
+		return;
+	}
+	if (c->user_uid == 0) {
+		log_warnx("user = %s: that is root: wcached keeps running as root", c->user);
 		return;
 	}
 	/* The control socket keeps control_group's group, set as it was made. */

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from conftest import Daemon, binary, mkmodel, root_daemon, wait_until
+from conftest import TEST_USER, Daemon, binary, mkmodel, parse_user, root_daemon, wait_until
 
 SETPRIV = shutil.which("setpriv")
 NOBODY = ["--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -213,6 +213,26 @@ def test_user_as_a_uid_keeps_its_supplementary_groups(shared_dir):
         assert d.attach("small").returncode == 0, d.read_log()
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_user_root_not_started_as_root_says_whom_it_stays(tmp_path):
+    """user = root (or 0) in a wcached started as another user: it stays
+    that user and says so, as with any other `user =`. Before, it logged
+    "wcached keeps running as root" while it ran as that user, its sockets
+    that user's (review rev223 L10)."""
+    user = (65534, 65534) if os.geteuid() == 0 and TEST_USER is None else None
+    uid = user[0] if user else parse_user(TEST_USER)[0] if TEST_USER else os.geteuid()
+    model = mkmodel(tmp_path / "m.safetensors")
+    for name in ("root", "0"):
+        d = Daemon(tmp_path, {"small": model}, f"user = {name}\n", user=user).start()
+        try:
+            assert d.attach("small").returncode == 0, d.read_log()
+            assert os.stat(d.control).st_uid == uid
+            log = d.read_log()
+            assert f"user = {name}: not started as root, staying uid {uid}" in log, log
+            assert "running as root" not in log, log
+        finally:
+            assert d.stop() == 0, d.read_log()
 
 
 @root_daemon
