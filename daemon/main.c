@@ -102,15 +102,17 @@ in_group(gid_t gid)
  * makes root create the sockets) cannot write and search (an error: the
  * start dies with EACCES; a warning when a socket is there already, which
  * systemd's socket activation may pass, though a stale one could not be
- * replaced), or a directory not there (a warning only: systemd's
- * RuntimeDirectory makes /run/wcached at start). Returns 1 for an error.
+ * replaced), or a directory not there: an error (the start makes no
+ * directory and dies with ENOENT), but for DEFAULT_RUNTIME_DIR, which the
+ * unit's RuntimeDirectory= makes at start (a warning; before, any missing
+ * directory was excused so: review rev223 L5). Returns 1 for an error.
  */
 static int
 check_socket_path(const char *key, const char *path, int made_by_root)
 {
 	char *dir = strdup(path), *slash;
 	struct stat st;
-	int bad = 0, exists;
+	int bad = 0, exists, missing;
 
 	if (dir == NULL)
 		return 1;
@@ -121,10 +123,17 @@ check_socket_path(const char *key, const char *path, int made_by_root)
 		bad = 1;
 	} else if ((slash = strrchr(dir, '/')) != NULL) {
 		*(slash == dir ? slash + 1 : slash) = '\0';
-		if (stat(dir, &st) < 0) {
-			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (systemd's "
+		missing = stat(dir, &st) < 0 ? errno : 0;
+		if (missing == ENOENT && strcmp(dir, DEFAULT_RUNTIME_DIR) == 0) {
+			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (wcached.service's "
 					"RuntimeDirectory= makes it at start)\n", key, path, dir,
-				strerror(errno));
+				strerror(missing));
+		} else if (missing != 0) {
+			fprintf(stderr, "wcached: %s = %s: %s: %s (wcached does not make the "
+					"directory: create it, or use %s, which wcached.service's "
+					"RuntimeDirectory= makes)\n", key, path, dir,
+				strerror(missing), DEFAULT_RUNTIME_DIR);
+			bad = 1;
 		} else if (!S_ISDIR(st.st_mode)) {
 			fprintf(stderr, "wcached: %s = %s: %s is not a directory\n", key, path,
 				dir);

@@ -151,8 +151,10 @@ def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, 
     """--check, run by an operator at a terminal, prints the path a sharded
     model's index names with its escapes made visible, never raw; a socket
     path with something else in its place (which wcached will not remove)
-    is an error, a missing directory a warning (systemd makes /run/wcached
-    at start). Before, the escapes reached the terminal and both passed."""
+    is an error, and so is a missing directory, which the start does not
+    make (review rev223 L5: it was a warning saying systemd's
+    RuntimeDirectory= made it, and the start then died). Before, the
+    escapes reached the terminal and both passed."""
     hostile = tmp_path / "h"
     hostile.mkdir()
     shard = "\x1b]0;PWNED\x07\x1b[2J\u009b31mshard.safetensors"
@@ -173,12 +175,37 @@ def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, 
                        text=True, timeout=30)
     assert r.returncode == 1
     assert f"socket = {tmp_path}/wcached.sock: exists and is not a socket" in r.stderr
-    assert f"warning: control = {tmp_path}/missing/control.sock: {tmp_path}/missing: No such " \
-        "file or directory" in r.stderr
+    missing = (f"wcached: control = {tmp_path}/missing/control.sock: {tmp_path}/missing: No "
+               "such file or directory (wcached does not make the directory: create it, or "
+               "use /run/wcached, which wcached.service's RuntimeDirectory= makes)\n")
+    assert missing in r.stderr, r.stderr
     os.unlink(tmp_path / "wcached.sock")
     r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
                        text=True, timeout=30)
+    assert r.returncode == 1 and missing in r.stderr, r.stderr
+    assert f"{d.conf}: ok" not in r.stdout
+    # What --check said is what the start meets.
+    r = subprocess.run([binary("wcached"), "-c", d.conf], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "missing/control.sock: No such file or directory" in \
+        r.stderr, r.stderr
+    os.mkdir(tmp_path / "missing")
+    r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
+                       text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(os.path.lexists("/run/wcached"), reason="/run/wcached exists here")
+def test_check_excuses_only_the_units_runtime_directory(tmp_path, model):
+    """A missing /run/wcached is a warning only: wcached.service's
+    RuntimeDirectory=wcached makes it at start (review rev223 L5)."""
+    conf = tmp_path / "w.conf"
+    conf.write_text(f"[wcached]\nsocket = /run/wcached/w.sock\ncontrol = {tmp_path}/c.sock\n"
+                    f"[model small]\npath = {model}\n")
+    r = check(conf)
+    assert r.returncode == 0, r.stderr
+    assert ("wcached: warning: socket = /run/wcached/w.sock: /run/wcached: No such file or "
+            "directory (wcached.service's RuntimeDirectory= makes it at start)") in r.stderr
 
 
 def check(conf, user=()):
