@@ -204,6 +204,24 @@ section_cb(struct inifile *ini, const char *name, void *arg)
 
 /* ---- keys ------------------------------------------------------------- */
 
+/* A bad value of a key that takes words (log_level, pin, warm...):
+ * "KEY: "VALUE" is WHAT"; a value in quotes, which no value takes, is
+ * told to go without them (`log_level = "debug"` read `""debug""` and named
+ * the words it already was: review rev223 L9). prefix as in
+ * config_parse_int_key. */
+static void
+word_error(struct parse_ctx *ctx, const char *prefix, const char *key, const char *value,
+	const char *what)
+{
+	size_t n = strlen(value);
+
+	if (n >= 2 && (value[0] == '"' || value[0] == '\'') && value[n - 1] == value[0])
+		config_error(ctx, -EINVAL, "%s%s: %s: values are written without quotes "
+			"(%s = %.*s)", prefix, key, value, key, (int)(n - 2), value + 1);
+	else
+		config_error(ctx, -EINVAL, "%s%s: \"%s\" is %s", prefix, key, value, what);
+}
+
 /* Finds key in a table; returns its index or -1. */
 static int
 key_index(const char *const *table, int n, const char *key)
@@ -279,8 +297,7 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 	case WK_LOG_LEVEL:
 		r = log_level_parse(value);
 		if (r < 0)
-			config_error(ctx, -EINVAL,
-				"log_level: \"%s\" is not one of error, warn, info, debug", value);
+			word_error(ctx, "", key, value, "not one of error, warn, info, debug");
 		else
 			cfg->log_level = r;
 		break;
@@ -337,7 +354,7 @@ bool_key(struct parse_ctx *ctx, const char *prefix, const char *key, const char 
 	int b = config_parse_bool(value);
 
 	if (b < 0)
-		config_error(ctx, -EINVAL, "%s%s: \"%s\" is not yes or no", prefix, key, value);
+		word_error(ctx, prefix, key, value, "not yes or no");
 	else
 		*out = b != 0;
 }
@@ -390,8 +407,7 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 		break;
 	case MK_PIN:
 		if (pin_mode_parse(value, &m->pin) < 0)
-			config_error(ctx, -EINVAL,
-				"%spin: \"%s\" is not one of none, metadata, all", prefix, value);
+			word_error(ctx, prefix, key, value, "not one of none, metadata, all");
 		break;
 	case MK_WARM:
 		bool_key(ctx, prefix, key, value, &m->warm);
@@ -427,8 +443,7 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 	}
 	case MK_WATCH:
 		if (fs_watch_parse(value, &m->watch) < 0)
-			config_error(ctx, -EINVAL,
-				"%swatch: \"%s\" is not one of auto, inotify, poll", prefix, value);
+			word_error(ctx, prefix, key, value, "not one of auto, inotify, poll");
 		break;
 	case MK_POLL_INTERVAL:
 		config_parse_seconds_ms(ctx, prefix, key, value, CONFIG_MIN_POLL_INTERVAL_MS,
@@ -436,8 +451,7 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 		break;
 	case MK_STAGE:
 		if (fs_stage_parse(value, &m->stage) < 0)
-			config_error(ctx, -EINVAL, "%sstage: \"%s\" is not one of auto, yes, no",
-				prefix, value);
+			word_error(ctx, prefix, key, value, "not one of auto, yes, no");
 		break;
 	case MK_COUNT:
 		break;

@@ -68,6 +68,25 @@ usage(FILE *f)
 		   "  -V, --version      print the version\n");
 }
 
+/* Ends a run that prints on stdout (--help, --version, --check) with
+ * status, or 1 with a line on stderr when its output could not be written
+ * (a full disk, /dev/full): before, that exited 0, saying nothing (review
+ * rev223 L9). */
+static int
+finish_stdout(int status)
+{
+	int e = 0;
+
+	if (fflush(stdout) != 0)
+		e = errno != 0 ? errno : EIO;
+	else if (ferror(stdout))
+		e = EIO; /* an earlier write failed, and its errno is gone */
+	if (e == 0)
+		return status;
+	fprintf(stderr, "wcached: writing the output: %s\n", strerror(e));
+	return 1;
+}
+
 /* Prints "wcached: PREFIX" and msg on f, msg escaped (base/escape.h): a
  * message can quote a path or a name a model file chose. */
 static void
@@ -686,6 +705,12 @@ main(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
+			/* A usage error, as wcachectl -c "" is (review rev223 L9). */
+			if (optarg[0] == '\0') {
+				fprintf(stderr, "wcached: --config needs a path, not an empty "
+						"one (see 'wcached --help')\n");
+				return 2;
+			}
 			d.config_path = optarg;
 			break;
 		case 'C':
@@ -696,10 +721,10 @@ main(int argc, char **argv)
 			break;
 		case 'h':
 			usage(stdout);
-			return 0;
+			return finish_stdout(0);
 		case 'V':
 			printf("wcached %s\n", WCACHE_VERSION);
-			return 0;
+			return finish_stdout(0);
 		default:
 			/* A long option given a value it does not take sets optopt
 			 * too (--debug=1): name what was written. */
@@ -726,7 +751,7 @@ main(int argc, char **argv)
 	/* No mount a neighbour's FUSE server may hold is crossed (mountrule.h). */
 	mountrule_install();
 	if (do_check)
-		return check(d.config_path);
+		return finish_stdout(check(d.config_path));
 
 	log_init(LOG_LEVEL_INFO, "wcached");
 	if (config_load(d.config_path, &d.cfg) < 0)

@@ -435,11 +435,29 @@ def test_dev_stdin_is_refused_without_the_hint_of_a_descriptor(tmp_path, model):
     (["--debug=1"], "--debug=1: unknown option, or one that takes no value"),
     (["-c"], "-c needs a FILE"),
     (["--config"], "--config needs a FILE"),
+    # An empty path: exit 1 "fatal: "": an empty path names no file" before, not
+    # the usage error of wcachectl -c "" (review rev223 L9).
+    (["--config="], "--config needs a path, not an empty one"),
+    (["-c", "", "--check"], "--config needs a path, not an empty one"),
 ])
 def test_usage_errors_are_one_line(argv, line):
     r = subprocess.run([binary("wcached"), *argv], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
     assert r.stderr == f"wcached: {line} (see 'wcached --help')\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-V"], ["--check", "-c", "CONF"]])
+def test_output_that_cannot_be_written_fails(tmp_path, model, argv):
+    """--help, --version and --check into a full disk (/dev/full): one line
+    and exit 1, as wcachectl. Before, wcached exited 0 saying nothing
+    (review rev223 L9)."""
+    d = Daemon(tmp_path, {"small": model})
+    argv = [d.conf if a == "CONF" else a for a in argv]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([binary("wcached"), *argv], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.endswith("wcached: writing the output: No space left on device\n"), r.stderr
 
 
 def test_sighup_adds_and_drops_models(tmp_path, model):

@@ -582,6 +582,15 @@ test_errors(void **state)
 		"model \"m\": pin: \"some\" is not one of none, metadata, all");
 	check_error(f, "[model m]\npath = /m\nwarm = maybe\n", 3,
 		"model \"m\": warm: \"maybe\" is not yes or no");
+	/* A word in quotes: told to go without them, not quoted twice
+	 * (`""debug"" is not one of ... debug`: review rev223 L9). */
+	check_error(f, "[wcached]\nlog_level = \"debug\"\n", 2,
+		"log_level: \"debug\": values are written without quotes (log_level = debug)");
+	check_error(f, "[model m]\npath = /m\npin = 'all'\n", 3,
+		"model \"m\": pin: 'all': values are written without quotes (pin = all)");
+	check_error(f, "[model m]\npath = /m\nderive = \"yes\"\n", 3,
+		"derive: \"yes\": values are written without quotes (derive = yes)");
+	check_error(f, "[model m]\npath = /m\nwarm = \"\n", 3, "warm: \"\"\" is not yes or no");
 	check_error(f, "[model m]\npath =\n", 2, "model \"m\": path: empty value");
 	check_error(f, "[wcached]\nsocket = \n", 2, "socket: empty value");
 	check_error(f, "[wcached]\ncontrol = /run/x.sock\nsocket = /run/x.sock\n", 3,
