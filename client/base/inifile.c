@@ -257,33 +257,13 @@ inifile_handler(void *user, const char *section, const char *name, const char *v
 
 /* ---- opening ---------------------------------------------------------- */
 
-/* What a file of type mode (st_mode) is, for "not a regular file (...)". */
-static const char *
-file_kind(mode_t mode)
-{
-	switch (mode & S_IFMT) {
-	case S_IFDIR:
-		return "a directory";
-	case S_IFCHR:
-		return "a character device";
-	case S_IFBLK:
-		return "a block device";
-	case S_IFIFO:
-		return "a FIFO";
-	case S_IFSOCK:
-		return "a socket";
-	default:
-		return "of an unknown type";
-	}
-}
-
 /* The error for path, which is not a regular file (its type in mode): a
  * directory is -EISDIR, anything else -EINVAL. */
 static int
 not_regular(const char *path, mode_t mode)
 {
 	return error_set(S_ISDIR(mode) ? -EISDIR : -EINVAL, "%s: not a regular file (%s)", path,
-		file_kind(mode));
+		path_file_kind(mode));
 }
 
 /*

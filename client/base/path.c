@@ -1,5 +1,5 @@
 /*
- * path.c: path joining, write-all and sealed memfds (see path.h).
+ * path.c: path joining, a file type's name, write-all and sealed memfds (see path.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -63,6 +63,30 @@ path_next_name(const char **p, char *name)
 	name[len] = '\0';
 	*p += len;
 	return 1;
+}
+
+/* What a file of type mode is (path.h). */
+const char *
+path_file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG:
+		return "a regular file";
+	case S_IFDIR:
+		return "a directory";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFSOCK:
+		return "a socket";
+	case S_IFLNK:
+		return "a symbolic link";
+	default:
+		return "of an unknown type";
+	}
 }
 
 int

@@ -1,7 +1,8 @@
 /*
  * path.h: the path and descriptor helpers every product shares: joining a
- * name to a directory, the directory part of a path, writing a whole
- * buffer to a descriptor, and a memfd filled and sealed in one call. One
+ * name to a directory, the directory part of a path, the name of a file's
+ * type, writing a whole buffer to a descriptor, and a memfd filled and
+ * sealed in one call. One
  * definition each, so the daemon, the formats, the library and wcachectl do
  * not each keep their own.
  */
@@ -9,6 +10,7 @@
 #define WC_PATH_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /*
  * dir/name in a malloc'd string (NULL when out of memory). An absolute name
@@ -28,6 +30,11 @@ char *path_dir(const char *path);
  * *p past it. 1, 0 where the text ends (no name), or -ENAMETOOLONG where
  * the name is longer than NAME_MAX (*p then past the slashes only). */
 int path_next_name(const char **p, char *name);
+
+/* What a file of type mode (st_mode) is, for messages: "a regular file",
+ * "a directory", "a FIFO", "a socket", ... ("not a regular file (a FIFO)",
+ * "is not a socket (a regular file)"). */
+const char *path_file_kind(mode_t mode);
 
 /* Writes all of buf[0..len) to fd, retrying after EINTR and short writes.
  * 0, or a negative errno (-EIO when write returns 0). */

@@ -46,6 +46,7 @@
 #include "base/escape.h"
 #include "base/inifile.h"
 #include "base/json.h"
+#include "base/path.h"
 
 #define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
 
@@ -153,9 +154,54 @@ client_socket_hint(const char *path)
 	free(beside);
 }
 
-/* The configuration file the control socket's path was read from (-c),
- * for the message when nothing listens there; NULL otherwise. */
-static const char *path_config;
+/* Where the control socket's path came from, for the message when nothing
+ * listens there: the configuration file of -c (NULL otherwise) or what
+ * else named it, and whether the command is a reload of the configuration. */
+static struct {
+	const char *config;
+	const char *named_by; /* "--control", "$WCACHE_CONTROL", NULL: the default */
+	bool reload;
+} path_from;
+
+/*
+ * The error when connect(2) to path failed with ENOENT or ECONNREFUSED:
+ * wcached is not running there, or path is no socket at all (connect(2)
+ * gives ECONNREFUSED for a regular file: `--control /etc/wcached.conf`
+ * meant for -c).
+ */
+static void
+not_running(const char *path, int e)
+{
+	const char *config = path_from.config;
+	struct stat st;
+
+	if (e == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+		if (config != NULL)
+			ctl_error("%s, the `control` of %s, is not a socket (%s): it must name "
+				  "wcached's control socket", path, config,
+				path_file_kind(st.st_mode));
+		else if (path_from.named_by != NULL)
+			ctl_error("%s is not a socket (%s): %s names wcached's control socket%s",
+				path, path_file_kind(st.st_mode), path_from.named_by,
+				strcmp(path_from.named_by, "--control") == 0 ?
+				"; -c takes a configuration file" : "");
+		else
+			ctl_error("%s is not a socket (%s)", path, path_file_kind(st.st_mode));
+	} else if (config != NULL && path_from.reload) {
+		/* systemctl reload after an edit of `control =`: the running
+		 * wcached keeps its socket until it restarts. */
+		ctl_error("wcached is not running: no control socket at %s (%s), the `control` of "
+			  "%s (if you changed `control` since wcached started, it applies at the "
+			  "next restart: until then give --control the path it listens on)", path,
+			strerror(e), config);
+	} else if (config != NULL) {
+		ctl_error("wcached is not running: no control socket at %s (%s), the `control` of "
+			  "%s", path, strerror(e), config);
+	} else {
+		ctl_error("wcached is not running: no control socket at %s (%s)",
+			path, strerror(e));
+	}
+}
 
 /* Connects to the control socket; prints why not and returns -1. */
 static int
@@ -181,16 +227,8 @@ control_connect(const char *path)
 	if (e == EPROTOTYPE)
 		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
 		client_socket_hint(path);
-	else if ((e == ENOENT || e == ECONNREFUSED) && path_config != NULL)
-		/* systemctl reload after an edit of `control =`: the running
-		 * wcached keeps its socket until it restarts. */
-		ctl_error("wcached is not running: no control socket at %s (%s), the `control` of "
-			  "%s (a changed `control` applies at wcached's next restart: until "
-			  "then give --control the path it listens on)", path, strerror(e),
-			path_config);
 	else if (e == ENOENT || e == ECONNREFUSED)
-		ctl_error("wcached is not running: no control socket at %s (%s)",
-			path, strerror(e));
+		not_running(path, e);
 	else if (e == EACCES || e == EPERM)
 		ctl_error("%s: permission denied: the control socket is for "
 				"root, wcached's user and its control_group", path);
@@ -573,14 +611,16 @@ socket_path(const char *config, const char *control)
 
 	if (control != NULL) {
 		path = strdup(control);
+		path_from.named_by = "--control";
 	} else if (config != NULL) {
 		if (control_from_config(config, &path) < 0)
 			return NULL;
-		path_config = config;
+		path_from.config = config;
 		if (path == NULL) /* the daemon's default, whatever the environment says */
 			path = strdup(DEFAULT_CONTROL_PATH);
 	} else {
 		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL_PATH);
+		path_from.named_by = env != NULL && env[0] != '\0' ? "$" CONTROL_ENV : NULL;
 	}
 	if (path == NULL)
 		ctl_error("out of memory");
@@ -754,6 +794,7 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 	}
 	if (make_request(cmd, a.words, a.nwords, req, &len) < 0)
 		goto out;
+	path_from.reload = cmd->id == CONTROL_CMD_RELOAD && a.nwords == 0;
 	path = socket_path(a.config, a.control);
 	if (a.http) { /* answers 503 when path is NULL */
 		status = ctl_http_metrics(path, a.timeout > 0 ? a.timeout : CTL_HTTP_TIMEOUT);

@@ -63,6 +63,8 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
+#include "proto/defaults.h"
 #include "proto/fdpass.h"
 #include "lib/attach.h"
 #include "lib/attach_reply.h"
@@ -517,6 +519,31 @@ take_next_fd(wc_client *c)
 }
 
 /*
+ * The error of a connect(2) to path that failed with e (not a timeout),
+ * with a hint for the two likely mistakes: a stream socket (EPROTOTYPE:
+ * wcached's control socket, most likely) and a path that is no socket
+ * (connect(2) gives ECONNREFUSED for a regular file: a config file given
+ * for the socket).
+ */
+static int
+connect_error(const char *path, int e)
+{
+	struct stat st;
+
+	if (e == EPROTOTYPE)
+		return error_set(-e, "%s is not wcached's client socket (a stream socket: "
+			"wcached's control socket?); workers connect to the `socket` of wcached's "
+			"config (default " DEFAULT_SOCKET_PATH ")", path);
+	if (e == ECONNREFUSED && stat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+		return error_set(-e, "%s is not a socket (%s): workers connect to the `socket` "
+			"of wcached's config (default " DEFAULT_SOCKET_PATH ")", path,
+			path_file_kind(st.st_mode));
+	if (e == ENOENT || e == ECONNREFUSED)
+		return error_set(-e, "wcached is not running at %s (%s)", path, strerror(e));
+	return error_set(-e, "cannot connect to wcached at %s: %s", path, strerror(e));
+}
+
+/*
  * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
  * connect and every later wait; *out gets the descriptor, which passes to
  * the caller (with c, a reconnect's: c->next_fd; with own, one of no
@@ -550,10 +577,7 @@ open_connection(wc_client *c, struct own_socket *own, const char *path, int ms, 
 				"within %.3g s (waited %.3g s; the limit is %s or "
 				"wc_connect_timeout())", path, ms / 1000.0,
 				request_elapsed(&start), TIMEOUT_ENV);
-		if (e == ENOENT || e == ECONNREFUSED)
-			return error_set(-e, "wcached is not running at %s (%s)", path,
-				strerror(e));
-		return error_set(-e, "cannot connect to wcached at %s: %s", path, strerror(e));
+		return connect_error(path, e);
 	}
 	*out = fd;
 	return 0;

@@ -206,11 +206,44 @@ def test_socket_from_config_and_environment(daemon, tmp_path):
     moved.write_text(f"[wcached]\ncontrol = {tmp_path}/moved.sock\n")
     r = subprocess.run([binary("wcachectl"), "-c", str(moved), "reload"], capture_output=True,
                        text=True)
-    assert r.returncode == 1 and f"the `control` of {moved} (a changed `control` applies at " \
-        "wcached's next restart" in r.stderr, r.stderr
+    assert r.returncode == 1 and f"the `control` of {moved} (if you changed `control` since " \
+        "wcached started, it applies at the next restart" in r.stderr, r.stderr
+    # Any other command: nothing was changed that a restart would apply
+    # (review rev223 L4: a fresh user's `-c CONFIG status` read that it had).
+    r = subprocess.run([binary("wcachectl"), "-c", str(moved), "status"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and r.stderr == (
+        f"wcachectl: wcached is not running: no control socket at {tmp_path}/moved.sock (No "
+        f"such file or directory), the `control` of {moved}\n"), r.stderr
     env = dict(os.environ, WCACHE_CONTROL=daemon.control)
     r = subprocess.run([binary("wcachectl"), "status"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_control_path_that_is_no_socket_is_named_so(tmp_path):
+    """--control, $WCACHE_CONTROL or -c's `control` naming a regular file
+    or a directory says it is not a socket, and what names the control
+    socket (review rev223 L3: "wcached is not running ... (Connection
+    refused)", where `--control /etc/wcached.conf` meant -c)."""
+    conf = tmp_path / "w.conf"
+    conf.write_text(f"[wcached]\ncontrol = {conf}\n")
+    cases = ((["--control", str(conf)], None, f"{conf} is not a socket (a regular file): "
+              "--control names wcached's control socket; -c takes a configuration file"),
+             (["--control", str(tmp_path)], None, f"{tmp_path} is not a socket (a directory)"),
+             ([], str(conf), f"{conf} is not a socket (a regular file): $WCACHE_CONTROL names "
+              "wcached's control socket"),
+             (["-c", str(conf)], None, f"{conf}, the `control` of {conf}, is not a socket "
+              "(a regular file)"))
+    for args, env, text in cases:
+        environ = dict(os.environ)
+        environ.pop("WCACHE_CONTROL", None)
+        if env is not None:
+            environ["WCACHE_CONTROL"] = env
+        r = subprocess.run([binary("wcachectl"), *args, "status"], capture_output=True,
+                           text=True, env=environ)
+        assert r.returncode == 1, (args, r.stderr)
+        assert text in r.stderr and "not running" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.splitlines()) == 1, (args, r.stderr)
 
 
 def test_config_reader_under_valgrind(tmp_path):
@@ -576,6 +609,24 @@ def test_client_socket_as_control_gives_a_hint(daemon, tmp_path):
     assert "client socket, not its control socket" in r.stderr, r.stderr
     assert "`control` path of wcached's config (default /run/wcached/control.sock)" in r.stderr
     assert len(r.stderr.splitlines()) == 1
+
+
+def test_control_socket_or_a_file_as_client_socket_gives_a_hint(daemon, tmp_path):
+    """The reverse mistake of the test above: a client (attach, a worker
+    through libwcache) given the control socket, or a regular file, is told
+    so and where workers connect (review rev223 L2: "Protocol wrong type
+    for socket"; L3: "wcached is not running ... (Connection refused)")."""
+    conf = tmp_path / "w.conf"
+    conf.write_text("[wcached]\n")
+    where = "workers connect to the `socket` of wcached's config (default " \
+        "/run/wcached/wcached.sock)"
+    for path, text in ((daemon.control, f"{daemon.control} is not wcached's client socket (a "
+                        "stream socket: wcached's control socket?); " + where),
+                       (str(conf), f"{conf} is not a socket (a regular file): " + where)):
+        r = subprocess.run([binary("wcachectl"), "attach", "small", "--socket", path],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr == f"wcachectl: {text}\n", r.stderr
+    assert serving(daemon).returncode == 0
 
 
 def test_usage_errors_name_the_problem_in_one_line(tmp_path):
