@@ -127,8 +127,10 @@ struct load_request {
 	 * inode is theirs only with their ctime (a freed inode number is
 	 * given to the next file made, review rev217 L1); so too a live
 	 * staged generation's origins and a shard index (keep_tree), which
-	 * nothing holds (rev219 H2); only files a generation serves where
-	 * they lie are held by it. */
+	 * nothing holds (rev219 H2), and the files of a generation on a
+	 * remote filesystem, whose server frees a file another host removes
+	 * whoever holds it here (rev222 M1); only files a generation serves
+	 * where they lie on a local filesystem are held by it. */
 	struct file_id {
 		dev_t dev;
 		ino_t ino;
@@ -1311,12 +1313,13 @@ same_tree(struct load_request *q)
 	else if ((same = files_kept(q, &file, &st)) == 0)
 		snprintf(q->message, sizeof(q->message), "its file %s is not one of the files "
 			"serving (another inode, or its inode with another ctime where nothing "
-			"held it, as a staged copy's origin, a shard index, or any file while "
-			"wcached was down: a file made at a freed inode number, or this one "
-			"changed since, by a chmod or a write; or none serves), in a "
-			"directory others than its owner (uid %u, mode %04o) may rename entries "
-			"in (writable by its group or all, not sticky): anyone of them may rename "
-			"another file there at its name, so it is served only after "
+			"held it, as a staged copy's origin, a shard index, a file on a remote "
+			"filesystem, or any file while wcached was down: a file made at a freed "
+			"inode number, or this one changed since, by a chmod or a write; or none "
+			"serves), in a directory others than its owner (uid %u, mode %04o) may "
+			"rename entries in (writable by its group or all, not sticky): anyone of "
+			"them may rename another file there at its name, so it is served only "
+			"after "
 			OPERATORS_WORD, file_said(q, st, file, named, sizeof(named)),
 			(unsigned)q->files_uid, (unsigned)(q->files_mode & 07777), q->name);
 	else
@@ -3437,10 +3440,16 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		 * closed) are held by nothing, so their inode numbers may be
 		 * freed (a neighbour's rm in a 2775 place) and given to the
 		 * owner's next file: theirs only with their ctime too
-		 * (review rev219 H2). */
+		 * (review rev219 H2). Nor does a descriptor held here hold
+		 * a file on a remote filesystem (g->fs: NFS, FUSE): another
+		 * host's rm frees it on the server, which may give its number
+		 * (NFS's fileid, the exported inode's) to the next file made
+		 * there, the same st_ino through this client (review rev222
+		 * M1). */
 		q->keep_files[q->nkeep_files] = (struct file_id){ .dev = st->st_dev,
 			.ino = st->st_ino, .ctime_ns = file_time_ns(&st->st_ctim),
-			.ctime_known = i == g->source.nfiles || g->origin != NULL };
+			.ctime_known = i == g->source.nfiles || g->origin != NULL ||
+				g->fs.remote };
 		q->nkeep_files++;
 	}
 	if (g != NULL && g->nlinks > 0) {

@@ -14,7 +14,10 @@ as a file at a new inode does; and so does a chmod of the origin (it moves
 the ctime of the same inode), which the operator's `wcachectl reload` then
 loads. stage = no is the control: that generation holds its file, so its
 number is never freed while it serves. A shard index is held by nothing
-either (read, then closed): her write in place to it waits the same.
+either (read, then closed): her write in place to it waits the same. Nor,
+on a remote filesystem, does a descriptor held here hold a file served
+where it lies (stage = no): another host's rm frees it on the server
+(review rev222 M1), so those are kept by their ctime too.
 """
 import contextlib
 import json
@@ -27,7 +30,7 @@ import pytest
 
 from conftest import Daemon, as_user, mkmodel
 from ctlutil import ctl
-from test_stage import write_safetensors
+from test_stage import remotefs, write_safetensors
 from test_tree_places import (ALICE_UID, DAEMON_UID, GROUP, WCACHED_GID, as_alice, as_bob,
                               generation_1_waits, made_by, pytestmark, served, sharded_model)
 
@@ -191,3 +194,47 @@ def test_her_shard_index_written_in_place_waits_for_the_operators_reload(tmp_pat
         waits_then_the_operators_reload_loads(d, index, r'model "llama": generation 2 is current')
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_her_file_served_where_it_lies_on_a_remote_filesystem_is_kept_by_its_ctime(tmp_path):
+    """Review rev222 M1: stage = no on a remote filesystem (NFS, a FUSE
+    mount of a network store). wcached's descriptor there does not hold the
+    file on the server: another host's rm frees it, and the server may give
+    its inode number (NFS's fileid) to the next file made, which through
+    this client has the same st_dev and st_ino: by those alone it was "one
+    of the files serving", so bob's rename of alice's next file at the
+    model's name was taken by wcached's own reload. Those ids are kept with
+    their ctime now, as a staged origin's. remotefs keeps a backing file
+    open while wcached holds it, so no number is given again here: alice's
+    write in place of her model file (her other model, another size),
+    which the poll sees as a reused number would be seen ("written in
+    place ..., or replaced by a file given the same inode number"), is to
+    wcached what that file is: the same device and inode, another ctime.
+    Before, the watched reload took it by itself (generation 2 is
+    current); now it waits for the operator's reload, which loads it."""
+    rfs = remotefs()
+    backing = made_by(tmp_path / "backing", 0)
+    team = made_by(os.path.join(backing, "team"), 0, 0o2775)
+    own = mkmodel(os.path.join(team, "m.safetensors"), seed=1)
+    os.chown(own, ALICE_UID, GROUP)
+    other = mkmodel(tmp_path / "other.safetensors", layers=3, seed=2)
+    os.chown(other, ALICE_UID, GROUP)
+    with rfs.RemoteFS(backing, tmp_path / "mnt", attr_timeout=0.1) as fs:
+        m = fs.path("team/m.safetensors")
+        d = Daemon(tmp_path, {"llama": (m, {"stage": "no", "poll_interval": "0.2"})},
+                   user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+        try:
+            d.wait_for_log(r'model "llama": generation 1 warm')
+            ino = os.stat(m).st_ino
+            as_alice("cat %s > m.safetensors" % other, team)
+            assert os.stat(own).st_ino == os.stat(m).st_ino == ino
+            _, line = d.wait_for_log(r'model "llama": (its file|generation 2 is current)')
+            assert re.search(NOT_SERVING % re.escape(m), line), line
+            assert "wcachectl reload llama" in line, line
+            assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
+            r = ctl(d, "reload", "llama")
+            assert r.returncode == 0, r.stdout + r.stderr
+            d.wait_for_log(r'model "llama": generation 2 is current')
+            assert "generation 2" in served(d, "llama")
+        finally:
+            assert d.stop() == 0, d.read_log()
