@@ -735,6 +735,9 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 			"give -c CONFIG or --control PATH, not both");
 	if (a->timeout > 0 && !a->http)
 		return ctl_usage_error(cmd->wire->name, "--timeout goes with --http");
+	if (a->json && a->http) /* its output is an HTTP reply, for a scraper */
+		return ctl_usage_error(cmd->wire->name, "--json does not go with --http (its "
+			"output is an HTTP reply)");
 	return 0;
 }
 

@@ -86,7 +86,7 @@ run(int argc, char **argv)
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			ctl_help(stdout);
 			return 0;
-		} else if (strcmp(argv[i], "--version") == 0) {
+		} else if (strcmp(argv[i], "--version") == 0 || strcmp(argv[i], "-V") == 0) {
 			printf("wcachectl %s\n", WCACHE_VERSION);
 			return 0;
 		} else if (strcmp(argv[i], "-c") == 0 || is_option(argv[i], "--config")) {

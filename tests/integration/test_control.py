@@ -101,6 +101,12 @@ def test_help():
         assert r.returncode == 0 and r.stdout.startswith("usage: wcachectl"), command
     assert "pin=none|metadata|all" in subprocess.run(
         [binary("wcachectl"), "load", "--help"], capture_output=True, text=True).stdout
+    # -V as wcached takes it (review rev223 L9: "unknown option").
+    for flag in ("-V", "--version"):
+        r = subprocess.run([binary("wcachectl"), flag], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith("wcachectl "), (flag, r)
+    assert "-V, --version" in subprocess.run([binary("wcachectl"), "--help"],
+                                             capture_output=True, text=True).stdout
 
 
 def test_usage_errors(daemon):
@@ -636,12 +642,14 @@ def test_usage_errors_name_the_problem_in_one_line(tmp_path):
              (["inspect"], "missing PATH"), (["inspect", "a", "b"], 'unexpected argument "b"'),
              (["convert", "a"], "missing OUT"), (["convert"], "missing IN OUT"),
              (["convert", "a", "b", "c"], 'unexpected argument "c"'),
-             (["attach"], "missing NAME"), (["bogus"], 'unknown command "bogus"'))
+             (["attach"], "missing NAME"), (["bogus"], 'unknown command "bogus"'),
+             # --json was ignored with --http (review rev223 L9).
+             (["metrics", "--http", "--timeout", "1", "--json"], "--json does not go with --http"))
     for args, text in cases:
         r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True,
                            cwd=tmp_path)
         assert r.returncode == 2, (args, r.returncode, r.stderr)
-        assert r.stdout == "", args
+        assert r.stdout == "" or "--json" in args, args
         assert len(r.stderr.splitlines()) == 1 and text in r.stderr, (args, r.stderr)
         assert "--help" in r.stderr, (args, r.stderr)
 
