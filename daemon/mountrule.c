@@ -18,6 +18,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "base/path.h"
 #include "format/shards.h"
 #include "format/tree.h"
 #include "fstype.h"
@@ -140,23 +141,27 @@ name_rule(void **run, int dfd, const char *name, char *why, size_t len)
  * user's FUSE mount (not root's, nor wcached's user's), on naming it; or
  * mount_find's error (a mount gone from the table, a table that cannot be
  * read), on saying it: a mount that cannot be judged is not walked onto
- * (review rev207 M1, rev208 H2). Told from the mount table only (t's). */
+ * (review rev207 M1, rev208 H2). Told from the mount table only (t's):
+ * *fs (when not NULL) the mount's filesystem where the table has it. */
 static int
-mount_ok(struct fs_table *t, const struct tree_mount *m, char *on, size_t len)
+mount_ok(struct fs_table *t, const struct tree_mount *m, struct fs_info *fs, char *on,
+	size_t len)
 {
-	struct fs_info fs;
-	int r = mount_find(t, m, &fs, on, len);
+	struct fs_info own;
+	int r;
 
-	if (r < 0)
+	if (fs == NULL)
+		fs = &own;
+	if ((r = mount_find(t, m, fs, on, len)) < 0)
 		return r;
-	if (!fs.user_mount || fs.mounter == geteuid())
+	if (!fs->user_mount || fs->mounter == geteuid())
 		return 0;
-	if (fs.mounter == (uid_t)-1) /* fstype.c: no user_id that can be read */
+	if (fs->mounter == (uid_t)-1) /* fstype.c: no user_id that can be read */
 		snprintf(on, len, "fuse (device %u:%u) whose user the mount table does not name",
 			major(m->dev), minor(m->dev));
 	else
 		snprintf(on, len, "fuse (device %u:%u) mounted by uid %u", major(m->dev),
-			minor(m->dev), (unsigned)fs.mounter);
+			minor(m->dev), (unsigned)fs->mounter);
 	return -EXDEV;
 }
 
@@ -177,13 +182,15 @@ struct carried {
 /* What a walk's judge is given: the run (its table and budget), the path
  * walked, the mounts the walk crossed so far, and the walk itself with
  * the links it had followed before it began (the run's links are charged
- * by link_ok as the walk goes). */
+ * by link_ok as the walk goes); fs: NULL, or where the judge tells the
+ * filesystem of the mount it judged (mountrule_hand_open's). */
 struct judged {
 	struct mountrule_walk *run;
 	const char *path;
 	int crossings;
 	const struct tree_walk *walk;
 	int links_before;
+	struct fs_info *fs;
 };
 
 /* tree_walk's judge for a model's path: a mount crossed is walked onto
@@ -202,7 +209,7 @@ judge(void *ctx, const struct tree_mount *m, const char *name, char *why, size_t
 			name, WALK_CROSSINGS);
 		return -EXDEV;
 	}
-	r = mount_ok(&j->run->table, m, on, sizeof(on));
+	r = mount_ok(&j->run->table, m, j->fs, on, sizeof(on));
 	if (r == -EXDEV)
 		snprintf(why, len, "%s: %s lies on %s: wcached walks into no user's FUSE mount (a "
 			"neighbour's server may never answer)", j->path, name, on);
@@ -263,7 +270,7 @@ static int
 walk_text(struct mountrule_walk *w, const char *text, size_t n, int cur, struct carried *c,
 	const char *path, char *why, size_t len)
 {
-	struct judged j = { w, path, c->crossings, NULL, c->links };
+	struct judged j = { w, path, c->crossings, NULL, c->links, NULL };
 	struct tree_walk t = { .judge = judge, .link = link_ok, .ctx = &j, .links = c->links };
 	char *copy;
 	int r;
@@ -432,36 +439,141 @@ mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, char
 	return e == 0 ? 0 : -1;
 }
 
-int
-mountrule_hand_at(struct mountrule_hand *h, int dir)
+/* h->dev made the device of the directory h->dir, and *h->fs (where set)
+ * its filesystem (statx AT_STATX_DONT_SYNC: no server asked): 0, or
+ * -errno. */
+static int
+hand_at(struct mountrule_hand *h)
 {
+	struct tree_mount m;
 	struct statx sx;
+	char on[160];
 
-	if (statx(dir, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) == -1)
+	if (statx(h->dir, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE | STATX_MNT_ID,
+		    &sx) == -1)
 		return -errno;
-	h->dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	m = (struct tree_mount){ makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_mnt_id,
+		(sx.stx_mask & STATX_MNT_ID) != 0 };
+	h->dev = m.dev;
+	if (h->fs != NULL && mount_find(&h->run.table, &m, h->fs, on, sizeof(on)) < 0)
+		fstype_classify_name("unknown", h->fs);
 	return 0;
 }
 
 int
-mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *dev, char *why,
-	size_t len)
+mountrule_hand_start(struct mountrule_hand *h)
 {
-	struct judged j = { &h->run, h->path, h->crossings, NULL, 0 };
+	mountrule_walk_init(&h->run);
+	h->crossings = 0;
+	h->rest = h->todo = strdup(h->path);
+	snprintf(h->where, sizeof(h->where), "%s", h->path[0] == '/' ? "/" : "");
+	if ((h->dir = start_of(h->path)) < 0) {
+		int err = h->dir;
+
+		h->dir = -1;
+		return err;
+	}
+	return h->todo == NULL ? -ENOMEM : hand_at(h);
+}
+
+void
+mountrule_hand_end(struct mountrule_hand *h)
+{
+	if (h->dir >= 0)
+		close(h->dir);
+	h->dir = -1;
+	free(h->todo);
+	h->todo = NULL;
+	mountrule_walk_end(&h->run);
+}
+
+int
+mountrule_hand_next(struct mountrule_hand *h, char *name)
+{
+	int r;
+
+	while ((r = path_next_name(&h->rest, name)) > 0 && strcmp(name, ".") == 0)
+		;
+	return r;
+}
+
+int
+mountrule_hand_open(struct mountrule_hand *h, const char *name, dev_t *dev,
+	struct fs_info *on, char *why, size_t len)
+{
+	struct judged j = { &h->run, h->path, h->crossings, NULL, 0, on };
 	struct tree_mount m;
 	struct statx sx;
-	int r = 0;
+	int fd = openat(h->dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC), r = 0;
 
-	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-		    STATX_TYPE | STATX_MNT_ID, &sx) == -1)
+	if (fd < 0)
 		return -errno;
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
+		    STATX_TYPE | STATX_MNT_ID, &sx) == -1) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
 	m = (struct tree_mount){ makedev(sx.stx_dev_major, sx.stx_dev_minor), sx.stx_mnt_id,
 		(sx.stx_mask & STATX_MNT_ID) != 0 };
-	if (m.dev != h->dev)
-		r = judge(&j, &m, name, why, len);
+	if (m.dev != h->dev && (r = judge(&j, &m, name, why, len)) != 0)
+		close(fd);
 	h->crossings = j.crossings;
 	*dev = m.dev;
-	return r;
+	return r != 0 ? r : fd;
+}
+
+const char *
+mountrule_hand_spell(const struct mountrule_hand *h, const char *name, char *buf, size_t len)
+{
+	const char *where = h->where, *slash = strrchr(where, '/');
+	const char *last = slash != NULL ? slash + 1 : where;
+
+	/* "..": the last name dropped, or ".." added where none is left to
+	 * drop (a relative path above its start). */
+	if (strcmp(name, "..") == 0 && strcmp(where, "/") == 0)
+		snprintf(buf, len, "/");
+	else if (strcmp(name, "..") == 0 && where[0] != '\0' && strcmp(last, "..") != 0)
+		snprintf(buf, len, "%.*s", slash == NULL ? 0 : slash == where ? 1 :
+			(int)(slash - where), where);
+	else
+		snprintf(buf, len, "%s%s%s", where, where[0] != '\0' &&
+			where[strlen(where) - 1] != '/' ? "/" : "", name);
+	return buf;
+}
+
+void
+mountrule_hand_into(struct mountrule_hand *h, int fd, dev_t dev, const char *name)
+{
+	char where[PATH_MAX];
+
+	close(h->dir);
+	h->dir = fd;
+	h->dev = dev;
+	snprintf(h->where, sizeof(h->where), "%s",
+		mountrule_hand_spell(h, name, where, sizeof(where)));
+}
+
+int
+mountrule_hand_follow(struct mountrule_hand *h, const char *text)
+{
+	char *next;
+
+	if (asprintf(&next, "%s%s", text, h->rest) < 0)
+		return -ENOMEM;
+	free(h->todo);
+	h->rest = h->todo = next;
+	if (text[0] != '/')
+		return 0;
+	close(h->dir);
+	snprintf(h->where, sizeof(h->where), "/");
+	if ((h->dir = start_of("/")) < 0) {
+		int err = h->dir;
+
+		h->dir = -1;
+		return err;
+	}
+	return hand_at(h);
 }
 
 /* statmount(2) (Linux 6.8; x86_64 and arm64 give it one number) and

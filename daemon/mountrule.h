@@ -18,6 +18,7 @@
 #ifndef WC_MOUNTRULE_H
 #define WC_MOUNTRULE_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/stat.h>
@@ -105,34 +106,62 @@ int mountrule_stat(struct mountrule_walk *w, const char *path, struct stat *st, 
 /*
  * A walk a caller makes by hand, one name at a time (registry_links.c's
  * walk of a model's path, which reads each link it meets itself and hands
- * each to its own judge), judged as mountrule_open's walk is: each name it
- * opens (O_PATH | O_NOFOLLOW, ".." too) is stepped onto with
- * mountrule_step before anything on it is looked up (an fstat(2) of a
+ * each to its own judge; stage_dir.c's walk of stage_dir, which refuses
+ * the first remote mount on the way), judged as mountrule_open's walk is:
+ * each name it opens (mountrule_hand_open: O_PATH | O_NOFOLLOW, ".." too)
+ * is stepped onto before anything on it is looked up (an fstat(2) of a
  * user's FUSE mount asks his server, which may never answer: review
- * rev216 H2). run: its mount table (read at the first mount crossed);
- * path: the path walked, for why; crossings: the mounts crossed so far,
- * at most 64 as for mountrule_open; dev: the device of the directory the
- * walk stands in, which the caller sets (mountrule_hand_at) where it
- * starts, or starts again from "/", and to a step's where it goes into
- * what it stepped onto. mountrule_walk_end(&run) ends it.
+ * rev216 H2). The hand holds what each such walk holds: run, its mount
+ * table (read at the first mount crossed); path, the path walked (for
+ * why); crossings, the mounts crossed so far (at most 64, as for
+ * mountrule_open); dir, the O_PATH descriptor of the directory the walk
+ * stands in, and dev its device; the text still to walk (the path, a
+ * link's text spliced in where one is followed); where, the walk's
+ * spelling of dir ("/" for the root, "" for the working directory), for
+ * messages; fs, where the caller sets it (NULL: not asked), the
+ * filesystem of the directory the walk starts, or starts again, from
+ * ("unknown", local, where the mount table does not say).
  */
 struct mountrule_hand {
 	struct mountrule_walk run;
 	const char *path;
+	struct fs_info *fs;
 	int crossings;
+	int dir;
 	dev_t dev;
+	char *todo;
+	const char *rest;
+	char where[PATH_MAX];
 };
 
-/* h->dev made the device of the directory dir (statx AT_STATX_DONT_SYNC:
- * no server asked): 0, or -errno. */
-int mountrule_hand_at(struct mountrule_hand *h, int dir);
-/* fd (the walk's O_PATH descriptor of name, in the directory of h->dev):
- * 0 with *dev its device where it is on the same mount, or on one that
- * mountrule_open's walk would cross; -EXDEV with why (one line naming
- * h->path, name, the mount and the reason) where it would not (a user's
- * FUSE mount, one gone from the table or that cannot be judged, past 64
- * crossings); -errno where statx fails. */
-int mountrule_step(struct mountrule_hand *h, int fd, const char *name, dev_t *dev, char *why,
+/* h (path and fs set) started at "/", or at the working directory for a
+ * relative path: 0, or -errno. mountrule_hand_end() ends it, its start
+ * failed or not (closes and frees what it holds). */
+int mountrule_hand_start(struct mountrule_hand *h);
+void mountrule_hand_end(struct mountrule_hand *h);
+/* The next name of what h has left to walk ("." skipped) in name (room
+ * for NAME_MAX + 1): 1, 0 where the text ends, -ENAMETOOLONG. */
+int mountrule_hand_next(struct mountrule_hand *h, char *name);
+/* name (".." too) opened in h's directory, O_PATH | O_NOFOLLOW, and
+ * stepped onto: its descriptor (owned) with *dev its device where it is
+ * on the same mount, or on one that mountrule_open's walk would cross,
+ * and *on (on NULL: not asked) the filesystem of the mount crossed (left
+ * alone where none is: its device is h->dev); -EXDEV with why (one line
+ * naming h->path, name, the mount and the reason) where it would not (a
+ * user's FUSE mount, one gone from the table or that cannot be judged,
+ * past 64 crossings); -errno where openat or statx fails. */
+int mountrule_hand_open(struct mountrule_hand *h, const char *name, dev_t *dev,
+	struct fs_info *on, char *why, size_t len);
+/* The walk of h goes into fd (owned now), name's, of device dev: h's
+ * directory, where spelled as mountrule_hand_spell spells name. */
+void mountrule_hand_into(struct mountrule_hand *h, int fd, dev_t dev, const char *name);
+/* The link whose text is text followed: the text, then what is left, to
+ * walk, from h's directory or, for an absolute text, from "/" again
+ * (h->fs told again where set). 0, or -errno. */
+int mountrule_hand_follow(struct mountrule_hand *h, const char *text);
+/* name spelled in the directory h stands in (".." that directory's
+ * parent), in buf of len bytes. */
+const char *mountrule_hand_spell(const struct mountrule_hand *h, const char *name, char *buf,
 	size_t len);
 
 /*

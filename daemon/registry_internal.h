@@ -149,7 +149,7 @@ struct registry_walk {
  * judge's code, -ELOOP past REGISTRY_LINK_HOPS links (or past as many bound
  * directories), -EXDEV with w->refused set where it would step onto a
  * mount mountrule_open's walk does not cross (each name's mount judged,
- * mountrule_step, before anything on it is looked up: an fstat(2) asked
+ * mountrule_hand_open, before anything on it is looked up: an fstat(2) asked
  * the server of a neighbour's FUSE mount met, which may never answer), or
  * -errno (an entry missing, not a directory, not searchable). Work queue
  * thread. */

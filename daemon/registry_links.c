@@ -19,7 +19,7 @@
  * a later walk must meet the very same one (review rev199 H3).
  *
  * Each name it opens (".." too) is on a mount judged before anything on
- * it is looked up (mountrule.h's mountrule_step: the mount's ID, told by
+ * it is looked up (mountrule.h's mountrule_hand_open: the mount's ID, told by
  * statx(2) with AT_STATX_DONT_SYNC of the walk's own O_PATH descriptor,
  * and the mount table, no server asked), as mountrule_open's walk judges
  * it: a user's FUSE mount met on the way, on the path or where a link
@@ -37,47 +37,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/path.h"
 #include "diracl.h"
 #include "mountrule.h"
 #include "registry_internal.h"
-
-/* How the walk opens a directory it goes up to (".."): never a link. */
-#define WALK_DIR (O_PATH | O_DIRECTORY | O_CLOEXEC)
-
-/* name spelled below where (the walk's spelling of a directory: "/" for
- * the root, "" for the working directory) in buf of len bytes, for
- * messages. */
-static const char *
-spell(char *buf, size_t len, const char *where, const char *name)
-{
-	snprintf(buf, len, "%s%s%s", where, where[0] != '\0' &&
-		where[strlen(where) - 1] != '/' ? "/" : "", name);
-	return buf;
-}
-
-/* where, the walk's spelling of a directory (PATH_MAX bytes), made the
- * spelling of its parent: its last name dropped, or ".." added where it
- * has none left to drop (a relative path above its start). */
-static void
-spell_up(char *where)
-{
-	char *slash = strrchr(where, '/');
-	const char *last = slash != NULL ? slash + 1 : where;
-
-	if (strcmp(where, "/") == 0)
-		return;
-	if (where[0] == '\0' || strcmp(last, "..") == 0) {
-		char up[PATH_MAX];
-
-		snprintf(where, PATH_MAX, "%s", spell(up, sizeof(up), where, ".."));
-	} else if (slash == where)
-		where[1] = '\0';
-	else if (slash != NULL)
-		*slash = '\0';
-	else
-		where[0] = '\0';
-}
 
 /* The link st (its fstat) whose text is text (less than PATH_MAX bytes),
  * in the directory whose fstat is dir, as w's next link. */
@@ -99,14 +61,13 @@ note_link(struct registry_walk *w, const struct stat *st, const struct stat *dir
 
 /*
  * The link open as fd (O_PATH | O_NOFOLLOW, its fstat st), the entry name
- * of the directory dir spelled where, met by w: judged (judge, when not
- * NULL), noted, and its text in text (PATH_MAX + 1 bytes: a link's text
- * may have up to PATH_MAX - 1, review rev198 L1). 0, the judge's
- * code, or -errno.
+ * of the directory h stands in, met by w: judged (judge, when not NULL),
+ * noted, and its text in text (PATH_MAX + 1 bytes: a link's text may have
+ * up to PATH_MAX - 1, review rev198 L1). 0, the judge's code, or -errno.
  */
 static int
-take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const char *where,
-	const char *name, registry_link_judge judge, void *arg, char *text)
+take_link(struct registry_walk *w, const struct mountrule_hand *h, int fd,
+	const struct stat *st, const char *name, registry_link_judge judge, void *arg, char *text)
 {
 	char path[PATH_MAX + NAME_MAX + 2];
 	struct registry_link_seen seen;
@@ -116,14 +77,14 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 
 	if (w->nhops == REGISTRY_LINK_HOPS || w->nlinks == REGISTRY_WALK_SEEN)
 		return -ELOOP;
-	if (diracl_fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
+	if (diracl_fstat(h->dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
 		return -errno;
 	if (n == PATH_MAX)
 		return -ENAMETOOLONG;
 	text[n] = '\0';
-	seen.path = spell(path, sizeof(path), where, name);
+	seen.path = mountrule_hand_spell(h, name, path, sizeof(path));
 	seen.target = text;
-	seen.dir = where[0] != '\0' ? where : ".";
+	seen.dir = h->where[0] != '\0' ? h->where : ".";
 	seen.st = st;
 	seen.dir_st = &ds;
 	if (judge != NULL && (err = judge(&seen, arg)) != 0)
@@ -133,12 +94,12 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 	return 0;
 }
 
-/* The directory open as fd (its fstat st), the entry name of the
- * directory dir spelled where, which w goes into or ends at: judged
- * (judge, when not NULL) and noted when the judge binds it (review rev199
- * H3). 0, the judge's code, or -errno. */
+/* The directory of fstat st, the entry name of the directory h stands
+ * in, which w goes into or ends at: judged (judge, when not NULL) and
+ * noted when the judge binds it (review rev199 H3). 0, the judge's code,
+ * or -errno. */
 static int
-take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *where,
+take_dir(struct registry_walk *w, const struct mountrule_hand *h, const struct stat *st,
 	const char *name, registry_link_judge judge, void *arg)
 {
 	char path[PATH_MAX + NAME_MAX + 2];
@@ -148,11 +109,11 @@ take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *wh
 
 	if (judge == NULL)
 		return 0;
-	if (diracl_fstat(dir, &ds) != 0)
+	if (diracl_fstat(h->dir, &ds) != 0)
 		return -errno;
-	seen.path = spell(path, sizeof(path), where, name);
+	seen.path = mountrule_hand_spell(h, name, path, sizeof(path));
 	seen.target = "";
-	seen.dir = where[0] != '\0' ? where : ".";
+	seen.dir = h->where[0] != '\0' ? h->where : ".";
 	seen.st = st;
 	seen.dir_st = &ds;
 	if ((err = judge(&seen, arg)) <= 0)
@@ -163,28 +124,26 @@ take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *wh
 	return 0;
 }
 
-/* The name fd is open at, in the directory h stands in, stepped onto by
- * w's walk (mountrule_step): 0 with *dev its device; -EXDEV with
+/* name opened in the directory h stands in and stepped onto by w's walk
+ * (mountrule_hand_open): its descriptor with *dev its device; -EXDEV with
  * w->refused and its line; or -errno. */
 static int
-step(struct registry_walk *w, struct mountrule_hand *h, int fd, const char *name, dev_t *dev)
+step(struct registry_walk *w, struct mountrule_hand *h, const char *name, dev_t *dev)
 {
-	int err = mountrule_step(h, fd, name, dev, w->why, sizeof(w->why));
+	int fd = mountrule_hand_open(h, name, dev, NULL, w->why, sizeof(w->why));
 
-	if (err == -EXDEV)
+	if (fd == -EXDEV)
 		w->refused = 1;
-	return err;
+	return fd;
 }
 
 int
 registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w)
 {
-	char *todo = strdup(path), *next, where[PATH_MAX], name[NAME_MAX + 1];
-	char text[PATH_MAX + 1], up[PATH_MAX];
-	const char *p = todo;
-	int dir = open(path[0] == '/' ? "/" : ".", WALK_DIR), err = 0, fd;
+	char name[NAME_MAX + 1], text[PATH_MAX + 1];
 	struct mountrule_hand h = { .path = path };
+	int err, fd;
 	struct stat st;
 	dev_t dev;
 
@@ -193,17 +152,12 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	w->stopped = 0;
 	w->refused = 0;
 	w->why[0] = '\0';
-	mountrule_walk_init(&h.run);
-	snprintf(where, sizeof(where), "%s", path[0] == '/' ? "/" : "");
-	if (todo == NULL || dir < 0)
-		err = todo == NULL ? -ENOMEM : -errno;
-	else
-		err = mountrule_hand_at(&h, dir);
+	err = mountrule_hand_start(&h);
 	while (err == 0) {
-		int next_name = path_next_name(&p, name);
+		int next_name = mountrule_hand_next(&h, name);
 
 		if (next_name == 0) { /* the path ends at the directory reached */
-			if (diracl_fstat(dir, &w->end) != 0)
+			if (diracl_fstat(h.dir, &w->end) != 0)
 				err = -errno;
 			w->end_dir = w->end;
 			break;
@@ -212,85 +166,55 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			err = next_name;
 			break;
 		}
-		if (strcmp(name, ".") == 0)
-			continue;
+		/* Its mount judged before anything on it is looked up. */
+		if ((fd = step(w, &h, name, &dev)) < 0) {
+			err = fd;
+			break;
+		}
 		if (strcmp(name, "..") == 0) {
-			if ((fd = openat(dir, "..", WALK_DIR)) < 0) {
-				err = -errno;
-				break;
-			}
-			if ((err = step(w, &h, fd, name, &dev)) != 0) {
-				close(fd);
-				break;
-			}
-			close(dir);
-			dir = fd;
-			h.dev = dev;
-			spell_up(where);
+			mountrule_hand_into(&h, fd, dev, name);
 			continue;
 		}
-		/* Its mount judged before its fstat, which may ask it. */
-		if ((fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0 ||
-			(err = step(w, &h, fd, name, &dev)) != 0 || fstat(fd, &st) != 0) {
-			if (err == 0)
-				err = -errno;
-			if (fd >= 0)
-				close(fd);
+		if (fstat(fd, &st) != 0) {
+			err = -errno;
+			close(fd);
 			break;
 		}
 		if (S_ISLNK(st.st_mode)) {
 			/* Its text, then what is left of the path, from the
 			 * directory holding it or, for an absolute text, "/". */
-			err = take_link(w, fd, &st, dir, where, name, judge, arg, text);
+			err = take_link(w, &h, fd, &st, name, judge, arg, text);
 			close(fd);
-			if (err == 0 && asprintf(&next, "%s%s", text, p) < 0)
-				err = -ENOMEM;
-			if (err == 0) {
-				free(todo);
-				p = todo = next;
-			}
-			if (err == 0 && text[0] == '/') {
-				close(dir);
-				if ((dir = open("/", WALK_DIR)) < 0)
-					err = -errno;
-				else
-					err = mountrule_hand_at(&h, dir);
-				snprintf(where, sizeof(where), "/");
-			}
+			if (err == 0)
+				err = mountrule_hand_follow(&h, text);
 			continue;
 		}
-		if (p[strspn(p, "/")] != '\0') { /* a directory on the way */
+		if (h.rest[strspn(h.rest, "/")] != '\0') { /* a directory on the way */
 			if (!S_ISDIR(st.st_mode) ||
-				(err = take_dir(w, &st, dir, where, name, judge, arg)) != 0) {
+				(err = take_dir(w, &h, &st, name, judge, arg)) != 0) {
 				close(fd);
 				if (err == 0)
 					err = -ENOTDIR;
 				break;
 			}
-			close(dir);
-			dir = fd;
-			h.dev = dev;
-			snprintf(where, sizeof(where), "%s", spell(up, sizeof(up), where, name));
+			mountrule_hand_into(&h, fd, dev, name);
 			continue;
 		}
 		w->end = st; /* the path's last entry, in dir */
 		diracl_fold(fd, NULL, &w->end); /* a directory model's own (review rev211 L0) */
-		if (diracl_fstat(dir, &w->end_dir) != 0)
+		if (diracl_fstat(h.dir, &w->end_dir) != 0)
 			err = -errno;
 		else if (S_ISDIR(st.st_mode))
-			err = take_dir(w, &st, dir, where, name, judge, arg);
+			err = take_dir(w, &h, &st, name, judge, arg);
 		close(fd);
 		break;
 	}
 	/* Where it stopped: the directory it could not go on from. */
-	if (err != 0 && dir >= 0 && diracl_fstat(dir, &w->stop_dir) == 0) {
+	if (err != 0 && h.dir >= 0 && diracl_fstat(h.dir, &w->stop_dir) == 0) {
 		w->stopped = 1;
 		snprintf(w->stop_where, sizeof(w->stop_where), "%s",
-			where[0] != '\0' ? where : ".");
+			h.where[0] != '\0' ? h.where : ".");
 	}
-	if (dir >= 0)
-		close(dir);
-	mountrule_walk_end(&h.run);
-	free(todo);
+	mountrule_hand_end(&h);
 	return err;
 }

@@ -171,7 +171,7 @@ int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
  * walked by hand, one name at a time, links followed as the kernel follows
  * them, and each mount the walk would cross is judged before anything on
  * it is looked up (statx AT_STATX_DONT_SYNC of the walk's descriptor: its
- * mount ID, told by the mount table; mountrule_step: a user's FUSE mount
+ * mount ID, told by the mount table; mountrule_hand_open: a user's FUSE mount
  * or one gone is refused, EXDEV): the first network or FUSE mount on the
  * way (root's too, and where a link leads) is refused, its server never
  * asked (review rev221 M1: a local mount beneath it is looked up through

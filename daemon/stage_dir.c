@@ -35,7 +35,6 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -140,48 +139,20 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 	"name on its event loop, which a server that hangs would stop, and a copy there is " \
 	"no local copy)"
 
-/* The filesystem of the mount fd is on, from the mount table t (its mount
- * ID, statx AT_STATX_DONT_SYNC: no server asked; its device before Linux
- * 5.8); "unknown", local, where the table does not say. */
-static void
-mount_of(struct fs_table *t, int fd, struct fs_info *fs)
-{
-	struct statx sx;
-	int r;
-
-	r = statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC,
-		STATX_MNT_ID, &sx) == -1 ? -errno : (sx.stx_mask & STATX_MNT_ID) != 0 ?
-		fstype_table_find_id(t, sx.stx_mnt_id, fs) :
-		fstype_table_find(t, makedev(sx.stx_dev_major, sx.stx_dev_minor), fs);
-	if (r < 0)
-		fstype_classify_name("unknown", fs);
-}
-
-/* where (the path walked so far) with name walked onto, ".." one up. */
-static void
-walked(char *where, size_t size, const char *name)
-{
-	size_t n = strlen(where);
-	char *slash;
-
-	if (strcmp(name, "..") != 0) {
-		snprintf(where + n, size - n, "%s%s", n > 0 && where[n - 1] != '/' ? "/" : "",
-			name);
-		return;
-	}
-	if ((slash = strrchr(where, '/')) != NULL && slash != where)
-		*slash = '\0';
-	else if (slash != NULL)
-		slash[1] = '\0';
-}
-
-/* The remote mount the walk of stage_dir is refused at: where (stage_dir
+/* The remote mount the walk h of stage_dir is refused at: name in the
+ * directory h stands in (NULL: that directory; either may be stage_dir
  * itself, or a directory on the way to it), and its type. */
 static int
-refuse_remote(const char *stage_dir, const char *where, const struct fs_info *fs)
+refuse_remote(const struct mountrule_hand *h, const char *name, const struct fs_info *fs)
 {
 	const char *type = fs->type[0] != '\0' ? fs->type : fs->name;
+	const char *stage_dir = h->path;
+	char where[PATH_MAX];
 
+	if (name != NULL)
+		mountrule_hand_spell(h, name, where, sizeof(where));
+	else
+		snprintf(where, sizeof(where), "%s", h->where[0] != '\0' ? h->where : ".");
 	if (strcmp(where, stage_dir) == 0)
 		return error_set(-EREMOTE, "stage_dir %s is on %s, a network or FUSE "
 			"filesystem: " LOCAL_WHY, stage_dir, type);
@@ -192,22 +163,17 @@ refuse_remote(const char *stage_dir, const char *where, const struct fs_info *fs
 int
 stage_dir_check_local(const char *stage_dir)
 {
-	struct mountrule_hand h = { .path = stage_dir };
 	/* The filesystems of the directory walked to, and of a name in it. */
 	struct fs_info fs = { .remote = false }, on;
-	char where[PATH_MAX], why[MOUNTRULE_WHY], name[NAME_MAX + 1], text[PATH_MAX];
-	char *todo = strdup(stage_dir), *next;
-	const char *p = todo;
-	int dir = -1, fd, err, links = 0;
+	struct mountrule_hand h = { .path = stage_dir, .fs = &fs };
+	char why[MOUNTRULE_WHY], name[NAME_MAX + 1], text[PATH_MAX + 1];
+	int fd, err, links = 0;
 	/* Names past a missing one, less the ".." that go back up. */
 	size_t made = 0;
-	bool stood;
-	dev_t start = 0, dev;
+	dev_t start, dev;
 	struct stat st;
 	ssize_t n;
 
-	if (todo == NULL)
-		return error_set(-ENOMEM, "out of memory");
 	/*
 	 * Walked by hand, one name at a time (links followed as the kernel
 	 * follows them), each mount judged before anything on it is looked
@@ -216,22 +182,16 @@ stage_dir_check_local(const char *stage_dir)
 	 * walk steps into root's and looks names up there, which waits with
 	 * a server that hangs, and judged only the mount it ended on). The
 	 * mount the walk starts on ("/") is walked as it must be, and judged
-	 * where the walk ends on it.
+	 * where the walk ends on it. The hand (mountrule.h) steps, spells
+	 * and follows links as it does for registry_walk_links, which is no
+	 * walk for this: the registry is above stage (scripts/layers.sh),
+	 * and that walk ends at a missing name, crosses root's network
+	 * mounts and follows links on /proc by their text.
 	 */
-	mountrule_walk_init(&h.run);
-	snprintf(where, sizeof(where), "%s", stage_dir[0] == '/' ? "/" : ".");
-	if ((dir = open(where, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
-		err = -errno;
-	else if ((err = mountrule_hand_at(&h, dir)) == 0) {
-		start = h.dev;
-		mount_of(&h.run.table, dir, &fs);
-	}
-	while (err == 0) {
-		if ((err = path_next_name(&p, name)) <= 0)
-			break;
+	err = mountrule_hand_start(&h);
+	start = h.dev;
+	while (err == 0 && (err = mountrule_hand_next(&h, name)) > 0) {
 		err = 0;
-		if (strcmp(name, ".") == 0)
-			continue;
 		/*
 		 * Past a missing name, by name (review rev222 L1):
 		 * stage_prepare_dir makes each missing name a directory on the
@@ -244,78 +204,54 @@ stage_dir_check_local(const char *stage_dir)
 			made = strcmp(name, "..") == 0 ? made - 1 : made + 1;
 			continue;
 		}
-		/* Missing: on by name, as above; another failure ends the walk. */
-		if ((fd = openat(dir, name, O_PATH | O_NOFOLLOW | O_CLOEXEC)) < 0) {
-			err = -errno;
-			if (err == -ENOENT) {
+		/* Missing: on by name, as above; another failure ends the walk;
+		 * a user's FUSE mount, or one gone: mountrule_hand_open's
+		 * refusal. */
+		on = fs;
+		if ((fd = mountrule_hand_open(&h, name, &dev, &on, why, sizeof(why))) < 0) {
+			if ((err = fd) == -ENOENT) {
 				made = 1;
 				err = 0;
-				continue;
+			} else if (err == -EXDEV) {
+				err = error_set(-EXDEV, "stage_dir %s: " LOCAL_WHY, why);
 			}
-			break;
+			continue;
 		}
-		/* A user's FUSE mount, or one gone: mountrule_step's refusal. */
-		if ((err = mountrule_step(&h, fd, name, &dev, why, sizeof(why))) == -EXDEV)
-			err = error_set(-EXDEV, "stage_dir %s: " LOCAL_WHY, why);
-		on = fs;
-		if (err == 0 && dev != h.dev)
-			mount_of(&h.run.table, fd, &on);
-		if (err == 0 && on.remote && dev != start) {
-			walked(where, sizeof(where), name);
-			err = refuse_remote(stage_dir, where, &on);
-		}
-		if (err == 0 && fstat(fd, &st) != 0)
+		if (on.remote && dev != start)
+			err = refuse_remote(&h, name, &on);
+		else if (fstat(fd, &st) != 0)
 			err = -errno;
-		if (err == 0 && S_ISLNK(st.st_mode) && strcmp(on.name, "proc") == 0) {
-			walked(where, sizeof(where), name);
+		else if (S_ISLNK(st.st_mode) && strcmp(on.name, "proc") == 0)
 			err = error_set(-EXDEV, "stage_dir %s: %s is a link on /proc (its text "
-				"need not be where it leads): " LOCAL_WHY, stage_dir, where);
+				"need not be where it leads): " LOCAL_WHY, stage_dir,
+				mountrule_hand_spell(&h, name, text, sizeof(text)));
+		if (err != 0) {
+			close(fd);
+			continue;
 		}
-		if (err != 0 || !S_ISLNK(st.st_mode)) {
-			if (err == 0) { /* into what it names */
-				walked(where, sizeof(where), name);
-				close(dir);
-				dir = fd;
-				h.dev = dev;
-				fs = on;
-			} else {
-				close(fd);
-			}
+		if (!S_ISLNK(st.st_mode)) { /* into what it names */
+			mountrule_hand_into(&h, fd, dev, name);
+			fs = on;
 			continue;
 		}
 		/* A link: its text, then what is left of the path, from the
 		 * directory holding it or, for an absolute text, "/". */
 		n = ++links > LOCAL_WALK_LINKS ? (errno = ELOOP, -1) :
-			readlinkat(fd, "", text, sizeof(text));
+			readlinkat(fd, "", text, PATH_MAX);
+		err = n < 0 ? -errno : n == PATH_MAX ? -ENAMETOOLONG : 0;
 		close(fd);
-		if (n < 0 || (size_t)n >= sizeof(text) ||
-			asprintf(&next, "%.*s%s", (int)n, text, p) < 0) {
-			err = n < 0 ? -errno : (size_t)n >= sizeof(text) ? -ENAMETOOLONG : -ENOMEM;
-			continue;
-		}
-		free(todo);
-		p = todo = next;
-		if (text[0] == '/') {
-			close(dir);
-			snprintf(where, sizeof(where), "/");
-			if ((dir = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
-				err = -errno;
-			else if ((err = mountrule_hand_at(&h, dir)) == 0)
-				mount_of(&h.run.table, dir, &fs);
+		if (err == 0) {
+			text[n] = '\0';
+			err = mountrule_hand_follow(&h, text);
 		}
 	}
-	if ((stood = dir >= 0))
-		close(dir);
-	mountrule_walk_end(&h.run);
-	free(todo);
-	if (err == -EXDEV || err == -EREMOTE)
-		return err;
 	/* Where it ends (stage_dir, or the directory its missing names would
 	 * be made in; where the walk failed otherwise, stage_prepare_dir says
 	 * why). */
-	if (stood && fs.remote)
-		return refuse_remote(stage_dir, where, &fs);
-	return 0;
+	if (err != -EXDEV && err != -EREMOTE && h.dir >= 0 && fs.remote)
+		err = refuse_remote(&h, NULL, &fs);
+	mountrule_hand_end(&h);
+	return err == -EXDEV || err == -EREMOTE ? err : 0;
 }
 
 int

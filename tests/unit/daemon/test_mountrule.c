@@ -10,7 +10,8 @@
  * a directory model's listing of many mounted names reading the mount
  * table once (review rev208 M3); mountrule_realpath's name for what the
  * walk reached (a link chain as realpath(3) says it; a removed directory,
- * a name past PATH_MAX and a refused walk: NULL). The
+ * a name past PATH_MAX and a refused walk: NULL); a walk by hand
+ * (mountrule_hand_*: links followed, its spelling of where it is). The
  * refusal of a user's FUSE mount is tested with real mounts
  * (tests/integration/test_load_neighbour_paths.py: root and /dev/fuse).
  */
@@ -364,6 +365,84 @@ crossings_in_run(void)
 	}
 }
 
+/* A walk of path by hand (mountrule_hand_*, as registry_links.c and
+ * stage_dir.c walk), each link followed: it ends at what stat(2) finds,
+ * its spelling where; the filesystem of the directory it starts from is
+ * told. */
+static void
+hand_walk_to(const char *path, const char *where)
+{
+	struct fs_info fs = { .name = "" };
+	struct mountrule_hand h = { .path = path, .fs = &fs };
+	char name[NAME_MAX + 1], text[PATH_MAX + 1], why[MOUNTRULE_WHY];
+	struct stat a, b;
+	dev_t dev;
+	ssize_t n;
+	int fd, r;
+
+	assert_int_equal(mountrule_hand_start(&h), 0);
+	assert_true(fs.name[0] != '\0');
+	while ((r = mountrule_hand_next(&h, name)) > 0) {
+		fd = mountrule_hand_open(&h, name, &dev, NULL, why, sizeof(why));
+		assert_true(fd >= 0);
+		assert_int_equal(fstat(fd, &a), 0);
+		if (!S_ISLNK(a.st_mode)) {
+			mountrule_hand_into(&h, fd, dev, name);
+			continue;
+		}
+		assert_true((n = readlinkat(fd, "", text, PATH_MAX)) > 0);
+		close(fd);
+		text[n] = '\0';
+		assert_int_equal(mountrule_hand_follow(&h, text), 0);
+	}
+	assert_int_equal(r, 0);
+	assert_string_equal(h.where, where);
+	assert_int_equal(fstat(h.dir, &a), 0);
+	assert_int_equal(stat(path, &b), 0);
+	assert_true(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+	mountrule_hand_end(&h);
+}
+
+/* Walks by hand: links relative (through "..") and absolute, "." and
+ * "..", spelled from "/" and from the working directory ("", ".." added
+ * above it); the filesystem of a mount crossed given (procfs), none where
+ * a name is on its directory's mount. */
+static void
+hand_walks(void)
+{
+	struct fs_info fs = { .name = "" }, on = { .name = "none" };
+	struct mountrule_hand h = { .path = "/proc/self", .fs = &fs };
+	char p[PATH_MAX], x[PATH_MAX], name[NAME_MAX + 1], why[MOUNTRULE_WHY];
+	dev_t dev;
+	int fd;
+
+	at(x, sizeof(x), "m/sub/x.safetensors");
+	at(p, sizeof(p), "m/chain");
+	hand_walk_to(p, x);
+	at(p, sizeof(p), "m/dirlink/../abs");
+	hand_walk_to(p, x);
+	at(p, sizeof(p), "m/./sub/..");
+	at(x, sizeof(x), "m");
+	hand_walk_to(p, x);
+	hand_walk_to("/..", "/");
+	assert_int_equal(chdir(dir), 0);
+	hand_walk_to("m/dirlink", "m/sub");
+	hand_walk_to("m/../..", "..");
+	hand_walk_to("m/../../..", "../..");
+	assert_int_equal(chdir("/"), 0);
+	assert_int_equal(mountrule_hand_start(&h), 0);
+	assert_int_equal(mountrule_hand_next(&h, name), 1);
+	assert_true((fd = mountrule_hand_open(&h, name, &dev, &on, why, sizeof(why))) >= 0);
+	assert_string_equal(on.name, "proc");
+	mountrule_hand_into(&h, fd, dev, name);
+	snprintf(on.name, sizeof(on.name), "none");
+	assert_int_equal(mountrule_hand_next(&h, name), 1);
+	assert_true((fd = mountrule_hand_open(&h, name, &dev, &on, why, sizeof(why))) >= 0);
+	assert_string_equal(on.name, "none");
+	close(fd);
+	mountrule_hand_end(&h);
+}
+
 static void
 test_walks_as_stat(void **state)
 {
@@ -409,6 +488,7 @@ test_walks_as_stat(void **state)
 	assert_string_equal(w.dir, "m");
 	mountrule_walk_end(&w);
 	assert_int_equal(chdir("/"), 0);
+	hand_walks();
 	proc_links();
 	crossings();
 	crossings_in_run();
