@@ -124,7 +124,7 @@ model_begin(struct parse_ctx *ctx, const char *name)
 		config_error(ctx, -EINVAL, "model section without a name (use [model NAME])");
 		return;
 	}
-	if (!config_model_name_valid(name)) {
+	if (!model_name_valid(name)) {
 		config_error(ctx, -EINVAL,
 			"invalid model name \"%s\" (1 to %d of A-Z a-z 0-9 . _ -, not starting "
 			"with '.' or '-')",

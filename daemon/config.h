@@ -59,7 +59,8 @@
 
 #include "proto/defaults.h" /* DEFAULT_SOCKET_PATH, DEFAULT_CONTROL_PATH */
 #include "fstype.h"
-#include "pin.h"
+#include "proto/model_name.h"
+#include "proto/pin.h"
 
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2
 #define CONFIG_MAX_PREFETCH_THREADS 64
@@ -75,7 +76,7 @@
 #define CONFIG_MAX_UNREAD_REPLY_SECONDS 86400
 #define CONFIG_DEFAULT_DERIVE_TIMEOUT 600
 #define CONFIG_MAX_DERIVE_TIMEOUT 86400
-#define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
+#define CONFIG_MODEL_NAME_MAX MODEL_NAME_MAX /* model_name_valid() */
 #define CONFIG_DEFAULT_POLL_INTERVAL_MS 2000
 #define CONFIG_MIN_POLL_INTERVAL_MS 100
 #define CONFIG_MAX_POLL_INTERVAL_MS 3600000
@@ -153,10 +154,6 @@ struct config {
 	struct model_config *models;
 	size_t n_models;
 };
-
-/* 1 when s is a valid model name (1..128 bytes of [A-Za-z0-9._-], not
- * starting with '.' or '-'), else 0; for the control socket's load too. */
-int config_model_name_valid(const char *s);
 
 /* Reads and validates the configuration file at path. On success stores a
  * new config in *out (free it with config_free()) and returns 0. On failure

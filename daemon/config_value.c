@@ -225,24 +225,6 @@ config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *va
 	return 0;
 }
 
-/* Whether s is a valid model name (see config.h). */
-int
-config_model_name_valid(const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n == 0 || n > CONFIG_MODEL_NAME_MAX || s[0] == '.' || s[0] == '-')
-		return 0;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char c = (unsigned char)s[i];
-
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-			    c == '.' || c == '_' || c == '-'))
-			return 0;
-	}
-	return 1;
-}
-
 /* ---- users and groups ------------------------------------------------- */
 
 /*

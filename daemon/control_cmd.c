@@ -230,7 +230,7 @@ cmd_load(struct ctl_conn *c, int argc, char **argv)
 	bool existed = false;
 	char quoted[80];
 
-	if (!config_model_name_valid(name)) {
+	if (!model_name_valid(name)) {
 		ctl_conn_error(c, "load: invalid model name %s: use 1 to %d letters, digits, "
 				  "'.', '_' or '-', not starting with '.' or '-'",
 			json_quote(quoted, sizeof(quoted), name, strlen(name)),

@@ -58,7 +58,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "pin.h"
+#include "proto/pin.h"
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */

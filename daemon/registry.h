@@ -35,7 +35,7 @@
 
 #include "access.h"
 #include "fstype.h"
-#include "pin.h"
+#include "proto/pin.h"
 #include "statuspage.h"
 #include "workq.h"
 

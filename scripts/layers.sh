@@ -35,7 +35,7 @@ calls() {
 }
 above="srv_|server_|request_|ctl_|control_|metrics_|watch_"
 report "a lower daemon module calls a higher one" "$(
-	calls "log.c pin.c resident.c index_check.c warm.c pages.c access.c statuspage.c fdstore.c
+	calls "log.c resident.c index_check.c warm.c pages.c access.c statuspage.c fdstore.c
 		fdstore_check.c fdstore_name.c notify.c listen.c peercred.c uidtally.c memlimit.c
 		nss.c diracl.c fstype.c mountrule.c stage.c stage_dir.c workq.c config.c config_value.c" \
 		"gen_|generation_|registry_|derive_|restore_|$above"

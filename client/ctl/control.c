@@ -42,6 +42,9 @@
 #include "proto/control_proto.h"
 #include "ctl/internal.h"
 #include "proto/defaults.h"
+#include "proto/model_name.h"
+#include "proto/pin.h"
+#include "proto/wire.h"
 #include "base/error.h"
 #include "base/escape.h"
 #include "base/inifile.h"
@@ -741,6 +744,33 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 	return 0;
 }
 
+/*
+ * Checks the words wcached would refuse by their syntax alone, by the rules
+ * it checks them with (proto/): load's NAME and pin= option, drop's KEY.
+ * Returns 0, or CTL_EXIT_USAGE after the usage error: a mistyped word is
+ * the command line's fault, said so whether or not wcached runs.
+ */
+static int
+check_words(const struct ctl_control_cmd *cmd, char **words, size_t nwords)
+{
+	const char *name = cmd->wire->name;
+	enum pin_mode pin;
+
+	if (cmd->id == CONTROL_CMD_LOAD && nwords >= 1 && !model_name_valid(words[0]))
+		return ctl_usage_error(name, "invalid model name \"%s\": use 1 to %d letters, "
+			"digits, '.', '_' or '-', not starting with '.' or '-'", words[0],
+			MODEL_NAME_MAX);
+	if (cmd->id == CONTROL_CMD_LOAD && nwords >= 3 && (strncmp(words[2], "pin=", 4) != 0 ||
+		pin_mode_parse(words[2] + 4, &pin) < 0))
+		return ctl_usage_error(name, "bad option \"%s\": use pin=none, pin=metadata or "
+			"pin=all", words[2]);
+	if (cmd->id == CONTROL_CMD_DROP && nwords >= 2 &&
+		!wire_key_valid(words[1], strlen(words[1])))
+		return ctl_usage_error(name, "invalid key \"%s\": a derived artifact's key is 1 "
+			"to %u of A-Z a-z 0-9 . _ + -", words[1], WIRE_MAX_KEY);
+	return 0;
+}
+
 /* Builds the request line from the command and its arguments. */
 static int
 make_request(const struct ctl_control_cmd *cmd, char **words, size_t nwords, char *req,
@@ -777,6 +807,10 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 			ctl_json_error();
 		free(a.words);
 		return status == 1 ? 0 : status;
+	}
+	if ((status = check_words(cmd, a.words, a.nwords)) != 0) {
+		status = ctl_json_usage(a.json, status);
+		goto out;
 	}
 	status = CTL_EXIT_FAILURE;
 	if (cmd->id == CONTROL_CMD_LOAD) {

@@ -193,7 +193,7 @@ check_invariants(const struct config *cfg)
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 
-		CHECK(config_model_name_valid(m->name));
+		CHECK(model_name_valid(m->name));
 		CHECK(config_model_find(cfg, m->name) == m); /* unique */
 		CHECK(m->path != NULL && m->path[0] == '/');
 		CHECK(m->pin == PIN_NONE || m->pin == PIN_METADATA ||

@@ -654,14 +654,29 @@ def test_usage_errors_name_the_problem_in_one_line(tmp_path):
         assert "--help" in r.stderr, (args, r.stderr)
 
 
-def test_load_argument_errors(daemon):
-    for args, text in ((["load", "--", "-bad", "/x"], "invalid model name"),
-                       (["load", "a/b", "/x"], "invalid model name"),
-                       (["load", "ok", "/x", "pin=some"], "pin=none"),
-                       (["load", "ok", "/x", "warm=no"], "pin=")):
-        r = ctl(daemon, *args)
-        assert r.returncode == 1, args
-        assert text in r.stderr, (args, r.stderr)
+def test_load_argument_errors(daemon, tmp_path):
+    """A bad NAME, pin= option or drop KEY is a usage error (exit 2) that
+    names the word, said before connecting, so the same with no daemon
+    (review rev223 L1: exit 1 from the daemon, and with none "wcached is
+    not running")."""
+    none = str(tmp_path / "none.sock")
+    for args, text in ((["load", "--", "-bad", "/x"], 'invalid model name "-bad"'),
+                       (["load", "a/b", "/x"], 'invalid model name "a/b"'),
+                       (["load", "ok", "/x", "pin=some"], 'bad option "pin=some": use pin=none'),
+                       (["load", "ok", "/x", "warm=no"], 'bad option "warm=no"'),
+                       (["load", "ok", "/x", "z"], 'bad option "z"'),
+                       (["drop", "small", "bad key!"], 'invalid key "bad key!"')):
+        for control in (daemon.control, none):
+            r = subprocess.run([binary("wcachectl"), "--control", control, *args],
+                               capture_output=True, text=True)
+            assert r.returncode == 2, (args, control, r.stderr)
+            assert r.stderr.startswith(f"wcachectl {args[0]}: {text}"), (args, r.stderr)
+            assert "--help" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    # The words the rules allow still reach the daemon.
+    r = ctl(daemon, "load", "ok", "/nonexistent", "pin=all")
+    assert r.returncode == 1 and "nonexistent" in r.stderr, r.stderr
+    r = ctl(daemon, "drop", "small", "good.key+1")
+    assert r.returncode == 1 and "good.key+1" in r.stderr, r.stderr
     # An empty PATH (an unset variable: load small "$NEWPATH") is a usage
     # error; before, it loaded the current directory over the model.
     r = ctl(daemon, "load", "small", "")

@@ -251,7 +251,7 @@ def _deadlock(target, key):
 def _is_path(spelling):
     """Whether wcached takes spelling (one it resolved) for a configured
     path rather than a model's name: a name never has a '/' (only A-Z a-z
-    0-9 . _ -: config_model_name_valid() in daemon/config_value.c), a
+    0-9 . _ -: model_name_valid() in proto/model_name.c), a
     configured path always has one (the config's relative paths are joined
     with its file's absolute directory; ADD takes absolute paths only)."""
     return "/" in spelling

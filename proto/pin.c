@@ -1,7 +1,7 @@
 /*
  * pin.c: the pin words (see pin.h).
  */
-#include "pin.h"
+#include "proto/pin.h"
 
 #include <errno.h>
 #include <string.h>

@@ -1,7 +1,8 @@
 /*
  * pin.h: what a model keeps locked in memory (mlock), in one vocabulary for
  * the configuration file's "pin" key, the control socket's load pin=...
- * option, the registry and the status and metrics output.
+ * option (which wcachectl checks before it connects), the registry and the
+ * status and metrics output.
  */
 #ifndef WC_PIN_H
 #define WC_PIN_H
