@@ -49,7 +49,7 @@ deps:
 
 # Warnings are errors here and in CI (WCACHE_WERROR=ON), not in a plain
 # `cmake` build of someone else's, where a newer compiler must not break it.
-# What a packager builds first, CMake's Release (-O3) with gcc, so that
+# CMake's Release (-O3) with gcc, so that
 # gcc's optimiser-only warnings are errors (-O3's -Wdangling-pointer found
 # d4bc518's), with debug information for gdb and perf.
 build: deps
@@ -67,21 +67,28 @@ build: deps
 # in $(BUILD)/checks.log, printed after the tests). Only the compilers and
 # the static checks run there: that build's unit tests, which have
 # timers of their own, run after the ASan phase at normal priority.
+# The recipe calls make through SUBMAKE, not $(MAKE): GNU make runs any recipe
+# line that names $(MAKE) even under -n, so `make -n test` started the tests,
+# the Release build, lint and the debootstraps (review rev224 M1); it prints
+# them now. Under `make -jN test` the sub-makes say "jobserver unavailable:
+# using -j1", which costs nothing: their work is cmake's and ctest's, which
+# take -j $(JOBS) of their own.
+SUBMAKE = $(MAKE)
 test: build deb
 	@nice -n 19 /usr/bin/python3 tests/system/roots.py --build $(BUILD) >$(BUILD)/roots.log 2>&1 & \
 	roots=$$!; \
-	nice -n 19 $(MAKE) --no-print-directory -k release-builds lint >$(BUILD)/checks.log 2>&1 & \
+	nice -n 19 $(SUBMAKE) --no-print-directory -k release-builds lint >$(BUILD)/checks.log 2>&1 & \
 	checks=$$!; ok=0; checked=0; \
 	echo "make test: beside the tests, at nice 19: the system tests' roots ($(BUILD)/roots.log)"; \
 	echo "make test: and clang's Release build and lint ($(BUILD)/checks.log, printed after the tests)"; \
 	echo "cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)"; \
 	(cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb \
 		ctest --output-on-failure -j $(TEST_JOBS)) && \
-	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan && ok=1; \
+	WCACHE_DEBS=$(abspath $(BUILD))/deb $(SUBMAKE) test-asan && ok=1; \
 	wait $$checks && checked=1; \
 	echo "make test: clang's Release build and lint ($(BUILD)/checks.log):"; cat $(BUILD)/checks.log; \
 	[ $$checked = 1 ] || echo "make test: clang's Release build or lint failed (above)"; \
-	[ $$ok = 1 ] && [ $$checked = 1 ] && $(MAKE) test-release || ok=0; \
+	[ $$ok = 1 ] && [ $$checked = 1 ] && $(SUBMAKE) test-release || ok=0; \
 	wait $$roots; cat $(BUILD)/roots.log; \
 	[ $$ok = 1 ] && [ $$checked = 1 ] || exit 1; \
 	$(SYSTEM_TESTS)
