@@ -256,3 +256,39 @@ def test_convert_says_weights_only_is_no_sandbox_before_torch_2_6(tmp_path, caps
             out.unlink()
             assert main([str(pt), str(out)]) == 1  # refused without the opt-in
             assert "refused" in capsys.readouterr().err and not out.exists()
+
+
+def test_wrong_argument_types_name_the_argument(tmp_path, daemon, model_path):
+    """A wrong type is a TypeError whose message names the argument, where
+    upstream raises a TypeError too (review rev223 L8): get_tensor(None)
+    raised MissingTensor (a KeyError), "File does not contain tensor None";
+    get_slice(k)["a"] torch's "new(): invalid data type 'str'";
+    connect(timeout="x") "'<' not supported between ... 'str' and 'int'"."""
+    import numpy as np
+    from wcache import _lib
+    for framework in ("pt", "np"):
+        with wcache.safe_open(str(model_path), framework=framework) as f:
+            name = next(iter(f.keys()))
+            for bad in (None, 5, b"x"):
+                with pytest.raises(TypeError, match=f"argument 'name': tensor names are str, "
+                                   f"not {type(bad).__name__}"):
+                    f.get_tensor(bad)
+            with pytest.raises(KeyError, match="File does not contain tensor nosuch"):
+                f.get_tensor("nosuch")
+            if framework == "pt":  # "np" checks indices itself, as upstream's slicer
+                with pytest.raises(TypeError, match=rf"get_slice\('{name}'\)\['a'\]: indices "
+                                   "are ints, slices, Ellipsis or None"):
+                    f.get_slice(name)["a"]
+                assert f.get_slice(name)[:1].shape[0] == 1
+    if not _lib.has("wc_connect_timeout"):
+        return
+    for bad in ("x", object(), True, [1]):
+        with pytest.raises(TypeError, match=r"timeout=.*: seconds \(a number\), 0 for none"):
+            wcache.connect(daemon.socket, timeout=bad)
+    with pytest.raises(ValueError, match=r"timeout=nan: seconds, 0 for none"):
+        wcache.connect(daemon.socket, timeout=float("nan"))
+    for good in (np.float32(2.5), 3, float("inf"), 0):
+        with wcache.connect(daemon.socket, timeout=good) as c:
+            assert c.attach("small").keys()
+            with pytest.raises(TypeError, match="timeout='1': seconds"):
+                c.set_timeout("1")

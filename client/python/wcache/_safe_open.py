@@ -399,6 +399,7 @@ class _Slice:
         return index
 
     def __getitem__(self, index):
+        asked = index
         if self._strict:
             index = self._check(index)
         owner = self._owner
@@ -421,7 +422,12 @@ class _Slice:
                     whole = owner._bulk().get(self._name)
             except ClosedError:
                 whole = self._whole_after_close()
-            part = whole[index]
+            try:
+                part = whole[index]
+            except TypeError as e:  # torch's or numpy's, which name no index: "new(): ..."
+                raise TypeError(f"get_slice({self._name!r})[{asked!r}]: indices are ints, "
+                                f"slices, Ellipsis or None (for torch also lists and "
+                                f"tensors): {e}") from None
         except IndexError as e:
             if not self._strict:
                 raise InvalidSlice(str(e)) from None  # torch's, as upstream raises it

@@ -477,7 +477,9 @@ class Runs:
         if t is not None:
             return t
         plan = self._plan()
-        i = plan.table.position(name) if isinstance(name, str) else None
+        if not isinstance(name, str):  # upstream's is a TypeError too (PyO3's &str)
+            raise TypeError(f"argument 'name': tensor names are str, not {type(name).__name__}")
+        i = plan.table.position(name)
         if i is None:
             raise _lib.MissingTensor(f"File does not contain tensor {name}")
         r = int(plan.run_of[i])

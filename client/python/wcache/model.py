@@ -30,6 +30,7 @@ again; ``safe_open`` does that by itself.
 """
 import ctypes
 import errno
+import numbers
 import os
 import threading
 
@@ -588,9 +589,7 @@ class Client:
         if not _lib.has("wc_set_timeout"):
             raise _lib.WcacheError(errno.ENOTSUP, f"libwcache {_lib.library_path()} has no "
                                    "wc_set_timeout()")
-        if timeout < 0:
-            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
-        ms = max(int(round(timeout * 1000)), 1 if timeout > 0 else 0)
+        ms = _timeout_ms(timeout)
         ptr = self._use()
         try:
             rc = _lib.lib().wc_set_timeout(ptr, min(ms, 2**31 - 1))
@@ -633,6 +632,20 @@ def default_socket():
     return os.fsdecode(_lib.lib().wc_default_socket())
 
 
+def _timeout_ms(timeout):
+    """A deadline of timeout seconds (0: none) in the milliseconds libwcache
+    takes: a positive one is 1 ms at least, a long one 2**31 - 1 ms at most.
+    TypeError for what is not a number, ValueError for a negative one or
+    NaN, each naming the argument."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):  # numpy's too
+        raise TypeError(f"timeout={timeout!r}: seconds (a number), 0 for none, not "
+                        f"{type(timeout).__name__}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
+    ms = round(min(timeout, 2**31) * 1000)
+    return min(max(int(ms), 1 if timeout > 0 else 0), 2**31 - 1)
+
+
 def connect(socket=None, timeout=None):
     """Connects to wcached (socket None: $WCACHE_SOCKET, else
     /run/wcached/wcached.sock). Raises DaemonUnavailable when no wcached
@@ -657,12 +670,7 @@ def connect(socket=None, timeout=None):
             raise _lib.WcacheError(errno.ENOTSUP, f"timeout={timeout!r}: libwcache "
                                    f"{_lib.library_path()} has no wc_connect_timeout(); set "
                                    "WCACHE_TIMEOUT instead")
-        if timeout < 0:
-            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
-        ms = int(round(timeout * 1000))
-        if timeout > 0 and ms == 0:
-            ms = 1
-        rc = lib.wc_connect_timeout(where, min(ms, 2**31 - 1), ctypes.byref(out))
+        rc = lib.wc_connect_timeout(where, _timeout_ms(timeout), ctypes.byref(out))
     if rc < 0:
         # Only "nobody listens there" is DaemonUnavailable, which safe_open
         # and derived take for "map the file here instead"; a socket this
