@@ -591,6 +591,44 @@ test_errors(void **state)
 	check_error(f, "[model m]\npath = /m\nderive = \"yes\"\n", 3,
 		"derive: \"yes\": values are written without quotes (derive = yes)");
 	check_error(f, "[model m]\npath = /m\nwarm = \"\n", 3, "warm: \"\"\" is not yes or no");
+	/* The hint only where the bare value reads, and for every key that is
+	 * no path: `(log_level = verbose)` named a refused word, and numbers,
+	 * sizes and users were quoted twice (`""2"" is not a number`: review
+	 * rev224 L3, L7). */
+	check_error(f, "[wcached]\nlog_level = \"verbose\"\n", 2,
+		"log_level: \"verbose\" is not one of error, warn, info, debug");
+	check_error(f, "[wcached]\nlog_level = \"\"\n", 2,
+		"log_level: \"\" is not one of error, warn, info, debug");
+	check_error(f, "[wcached]\nprefetch_threads = \"2\"\n", 2,
+		"prefetch_threads: \"2\": values are written without quotes "
+		"(prefetch_threads = 2)");
+	check_error(f, "[wcached]\nprefetch_threads = \"0\"\n", 2,
+		"prefetch_threads: 0 is out of range (1..64)");
+	check_error(f, "[wcached]\nmemory_budget = \"64G\"\n", 2,
+		"memory_budget: \"64G\": values are written without quotes (memory_budget = 64G)");
+	check_error(f, "[wcached]\nmax_clients = '10'\n", 2,
+		"max_clients: '10': values are written without quotes (max_clients = 10)");
+	check_error(f, "[wcached]\nrestart_hold_seconds = \"5\"\n", 2,
+		"values are written without quotes (restart_hold_seconds = 5)");
+	check_error(f, "[wcached]\nuser = \"root\"\n", 2,
+		"user: \"root\": values are written without quotes (user = root)");
+	check_error(f, "[wcached]\ncontrol_group = \"0\"\n", 2,
+		"values are written without quotes (control_group = 0)");
+	check_error(f, "[model m]\npath = /m\npoll_interval = \"2\"\n", 3,
+		"model \"m\": poll_interval: \"2\": values are written without quotes");
+	check_error(f, "[model m]\npath = /m\nallow_users = \"0\"\n", 3,
+		"values are written without quotes (allow_users = 0)");
+	/* A path's quotes are part of its name. */
+	{
+		struct config *cfg = NULL;
+		const char *p;
+
+		assert_int_equal(load_text(f, "q.conf", "[model m]\npath = \"q\"\n", &cfg, NULL),
+			0);
+		p = cfg->models[0].path;
+		assert_string_equal(p + strlen(p) - 4, "/\"q\"");
+		config_free(cfg);
+	}
 	check_error(f, "[model m]\npath =\n", 2, "model \"m\": path: empty value");
 	check_error(f, "[wcached]\nsocket = \n", 2, "socket: empty value");
 	check_error(f, "[wcached]\ncontrol = /run/x.sock\nsocket = /run/x.sock\n", 3,
