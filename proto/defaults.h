@@ -8,11 +8,12 @@
 #ifndef WC_DEFAULTS_H
 #define WC_DEFAULTS_H
 
-#define DEFAULT_SOCKET_PATH "/run/wcached/wcached.sock"  /* client socket (PROTOCOL.md) */
-#define DEFAULT_CONTROL_PATH "/run/wcached/control.sock" /* control socket (wcachectl) */
-/* The directory of both: what systemd/wcached.service's RuntimeDirectory=wcached
- * makes at start; wcached itself makes no socket directory. */
+/* The directory of both sockets: what systemd/wcached.service's
+ * RuntimeDirectory=wcached makes at start; wcached itself makes no socket
+ * directory. */
 #define DEFAULT_RUNTIME_DIR "/run/wcached"
+#define DEFAULT_SOCKET_PATH DEFAULT_RUNTIME_DIR "/wcached.sock"  /* client socket (PROTOCOL.md) */
+#define DEFAULT_CONTROL_PATH DEFAULT_RUNTIME_DIR "/control.sock" /* control socket (wcachectl) */
 
 #define SOCKET_ENV "WCACHE_SOCKET"   /* a client's socket instead of the default */
 #define CONTROL_ENV "WCACHE_CONTROL" /* wcachectl's control socket instead of the default */

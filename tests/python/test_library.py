@@ -148,7 +148,9 @@ def test_default_socket_is_libwcaches():
     library: proto/defaults.h's DEFAULT_SOCKET_PATH, or $WCACHE_SOCKET."""
     with open(os.path.join(REPO, "proto", "defaults.h")) as f:
         header = f.read()
-    default = re.search(r'#define DEFAULT_SOCKET_PATH "([^"]+)"', header).group(1)
+    default = (re.search(r'#define DEFAULT_RUNTIME_DIR "([^"]+)"', header).group(1) +
+               re.search(r'#define DEFAULT_SOCKET_PATH DEFAULT_RUNTIME_DIR "([^"]+)"',
+                         header).group(1))
     r = run_python("import wcache; print(wcache.default_socket())",
                    env={"WCACHE_SOCKET": None})
     assert r.returncode == 0, r.stderr
