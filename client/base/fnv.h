@@ -1,10 +1,18 @@
 /*
  * fnv.h: the FNV-1a hash (Fowler, Noll, Vo), 64 bits: its constants and
- * its step, the one definition of it for the hash tables and digests that
- * use it (the registry's chains of names and the digest of a generation's
- * inodes, shards.c's table of names, what the daemon's warm restart
- * description depends on). Not for a table whose keys someone may choose to
- * collide where that costs more than a longer chain.
+ * its step, the one definition of it for the hash table and digests that
+ * use it: the registry's chains of model names (names the operator gives,
+ * in wcached.conf or through the control socket), and digests compared
+ * only with one another in one process: a generation's inodes, what the
+ * daemon's warm restart description depends on, the warnings
+ * restore_store.c says once.
+ *
+ * FNV-1a has no key: whoever chooses a table's keys can make any number of
+ * them share one chain (its low k bits depend only on the low k bits of
+ * its state, so a collision of those bits survives any common suffix).
+ * Not for names someone else chooses, such as a model file's: shards.c's
+ * table of tensor names made a crafted shard index quadratic to parse
+ * (review rev224 M2) and was replaced by a sort.
  */
 #ifndef WC_FNV_H
 #define WC_FNV_H

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
+#include "base/fnv.h"
 #include "format/index.h"
 #include "format/shards.h"
 #include "format/source.h"
@@ -124,6 +126,14 @@ test_parse_document_errors(void **state)
 		-EINVAL, "weight_map: tensor \"a\" is listed twice");
 	EXPECT("{\"weight_map\":{\"ab\":\"x.safetensors\",\"a\\u0062\":\"x.safetensors\"}}",
 		-EINVAL, "tensor \"ab\" is listed twice");
+	/* of several, the one the weight_map repeats first */
+	EXPECT("{\"weight_map\":{\"b\":\"x.safetensors\",\"a\":\"x.safetensors\","
+	       "\"b\":\"x.safetensors\",\"a\":\"x.safetensors\"}}",
+		-EINVAL, "tensor \"b\" is listed twice");
+	EXPECT("{\"weight_map\":{\"c\":\"x.safetensors\",\"b\":\"x.safetensors\","
+	       "\"a\":\"x.safetensors\",\"b\":\"x.safetensors\",\"c\":\"x.safetensors\","
+	       "\"a\":\"x.safetensors\",\"c\":\"x.safetensors\"}}",
+		-EINVAL, "tensor \"b\" is listed twice");
 	EXPECT("{\"weight_map\":{\"\":\"x.safetensors\"}}", -EINVAL,
 		"weight_map: tensor name \"\" is empty");
 	EXPECT("{\"weight_map\":{\"a\\u0000\":\"x.safetensors\"}}", -EINVAL,
@@ -617,6 +627,168 @@ test_open_bad_index(void **state)
 	free(p);
 }
 
+/* ---- names chosen to collide (review rev224 M2) ---- */
+
+/*
+ * Tensor names are the model file's to choose. FNV-1a's low k bits depend
+ * only on the low k bits of its state (an xor of a byte, a multiply modulo
+ * 2^64), so two 8-byte blocks whose hashes agree in their low COLLIDE_BITS
+ * lead to the same low bits whatever follows; COLLIDE_K such pairs, one
+ * after the other, give 2^COLLIDE_K names that agree there (Joux's
+ * multicollision), each pair found by Floyd's cycle finding. 38 bits are
+ * what an unkeyed FNV-1a table of 2^(COLLIDE_K + 1) slots bucketed by
+ * (h ^ h >> 29), as shards.c's was, puts in one bucket. The random names
+ * are as long and share the prefix.
+ */
+#define COLLIDE_K 8
+#define COLLIDE_N (1u << COLLIDE_K)
+#define COLLIDE_BITS 38
+#define COLLIDE_MASK ((UINT64_C(1) << COLLIDE_BITS) - 1)
+#define COLLIDE_PREFIX "layer.0."
+#define COLLIDE_LEN (sizeof(COLLIDE_PREFIX) - 1 + (size_t)8 * COLLIDE_K)
+
+static void
+name_block(uint64_t x, char b[8])
+{
+	static const char abc[] =
+		"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.";
+
+	for (int i = 0; i < 8; i++)
+		b[i] = abc[(x >> (6 * i)) & 63];
+}
+
+/* The low bits of the state s with the block of x hashed in. */
+static uint64_t
+block_step(uint64_t s, uint64_t x)
+{
+	char b[8];
+
+	name_block(x, b);
+	return fnv_mix_bytes(s, b, 8) & COLLIDE_MASK;
+}
+
+/* names[i] (COLLIDE_LEN + 1 bytes each) for i < COLLIDE_N: colliding, or
+ * random ones. */
+static void
+make_names(char (*names)[COLLIDE_LEN + 1], bool colliding)
+{
+	char pair[COLLIDE_K][2][8];
+	uint64_t s = fnv_mix_bytes(FNV_OFFSET_BASIS, COLLIDE_PREFIX, 8);
+	uint64_t r = UINT64_C(88172645463325252);
+
+	for (int k = 0; k < COLLIDE_K && colliding; k++) {
+		for (uint64_t x0 = (uint64_t)k + 1;; x0 += 1000) {
+			uint64_t t = block_step(s, x0), h = block_step(s, t), pt = 0, ph = 0;
+
+			while (t != h) {
+				t = block_step(s, t);
+				h = block_step(s, block_step(s, h));
+			}
+			for (t = x0; t != h; t = block_step(s, t), h = block_step(s, h)) {
+				pt = t;
+				ph = h;
+			}
+			if (pt != ph) { /* else x0 was on the cycle: no pair */
+				name_block(pt, pair[k][0]);
+				name_block(ph, pair[k][1]);
+				break;
+			}
+		}
+		/* either block of the pair leads on: their low bits agree */
+		assert_int_equal(fnv_mix_bytes(s, pair[k][0], 8) & COLLIDE_MASK,
+			fnv_mix_bytes(s, pair[k][1], 8) & COLLIDE_MASK);
+		s = fnv_mix_bytes(s, pair[k][0], 8);
+	}
+	for (uint32_t i = 0; i < COLLIDE_N; i++) {
+		char *p = names[i] + sizeof(COLLIDE_PREFIX) - 1;
+
+		memcpy(names[i], COLLIDE_PREFIX, sizeof(COLLIDE_PREFIX) - 1);
+		for (int k = 0; k < COLLIDE_K; k++, p += 8) {
+			if (colliding) {
+				memcpy(p, pair[k][(i >> k) & 1], 8);
+				continue;
+			}
+			r ^= r << 13;
+			r ^= r >> 7;
+			r ^= r << 17;
+			name_block(r, p);
+		}
+		*p = '\0';
+	}
+}
+
+/* Writes a one-shard model of the names (each F32 [2]) and its index. */
+static void
+write_named_model(const char *dir, char (*names)[COLLIDE_LEN + 1])
+{
+	size_t cap = COLLIDE_N * (COLLIDE_LEN + 100), h = 0, m = 0, len;
+	char *header = malloc(cap), *map = malloc(cap);
+	uint8_t *img;
+
+	assert_non_null(header);
+	assert_non_null(map);
+	h += (size_t)snprintf(header + h, cap - h, "{");
+	m += (size_t)snprintf(map + m, cap - m, "{\"weight_map\":{");
+	for (uint32_t i = 0; i < COLLIDE_N; i++) {
+		h += (size_t)snprintf(header + h, cap - h,
+			"%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%u,%u]}",
+			i ? "," : "", names[i], 8 * i, 8 * i + 8);
+		m += (size_t)snprintf(map + m, cap - m, "%s\"%s\":\"" S1 "\"", i ? "," : "",
+			names[i]);
+		assert_true(h < cap && m < cap);
+	}
+	snprintf(header + h, cap - h, "}");
+	snprintf(map + m, cap - m, "}}");
+	img = tu_safetensors(header, (size_t)8 * COLLIDE_N, &len);
+	free(tu_write(dir, S1, img, len));
+	write_text(dir, INDEX_NAME, map);
+	free(img);
+	free(map);
+	free(header);
+}
+
+/* The name comparisons of shards_open() of a model of the names. */
+static unsigned long
+open_compares(const char *dir, bool colliding)
+{
+	char (*names)[COLLIDE_LEN + 1] = calloc(COLLIDE_N, sizeof(*names));
+	struct model_source src;
+	unsigned long n;
+	char *p;
+
+	assert_non_null(names);
+	make_names(names, colliding);
+	write_named_model(dir, names);
+	p = path_of(dir, INDEX_NAME);
+	shards_name_compares = 0;
+	assert_int_equal(shards_open(p, &src), 0);
+	n = shards_name_compares;
+	source_close(&src);
+	free(p);
+	free(names);
+	return n;
+}
+
+/*
+ * The weight_map's names are checked (no name twice, every name in its
+ * shard) at a cost that the names cannot raise: 2^8 names built to
+ * collide in an unkeyed FNV-1a table cost no more comparisons than random
+ * ones, and O(n log n) of them (review rev224 M2: with that table they cost
+ * n^2 / 2 in each check, 13.95 s of CPU for 2^16 names).
+ */
+static void
+test_open_colliding_names(void **state)
+{
+	struct tu_dir *f = *state;
+	unsigned long colliding = open_compares(f->dir, true);
+	unsigned long random = open_compares(f->dir, false);
+
+	print_message("name comparisons for %u names: %lu colliding, %lu random\n",
+		COLLIDE_N, colliding, random);
+	assert_true(colliding <= 8ul * COLLIDE_N * COLLIDE_K);
+	assert_true(colliding <= 2 * random);
+}
+
 /* ---- directories ---- */
 
 static void
@@ -785,6 +957,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_bad_shard, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_index, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_index_st, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_colliding_names, tu_dir_setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_read_index, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_name_rule, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_sharded, tu_dir_setup, teardown),
