@@ -113,6 +113,46 @@ in_group(gid_t gid)
 	return 0;
 }
 
+/* Cuts path into its directory (*parent: ".", "/" or path itself, cut)
+ * and its last name, which it returns; trailing slashes are dropped first. */
+static char *
+split_last(char *path, const char **parent)
+{
+	size_t n = strlen(path);
+	char *base;
+
+	while (n > 1 && path[n - 1] == '/')
+		path[--n] = '\0';
+	if ((base = strrchr(path, '/')) == NULL) {
+		*parent = ".";
+		return path;
+	}
+	*base++ = '\0';
+	*parent = path[0] != '\0' ? path : "/";
+	return base;
+}
+
+/* Whether dir names DEFAULT_RUNTIME_DIR in any spelling: the same last
+ * name in the same parent directory (/run/wcached/, /var/run/wcached where
+ * /var/run links to /run): a string compare failed those (review rev224
+ * L2). dir itself may be missing. */
+static int
+is_runtime_dir(const char *dir)
+{
+	char rt[] = DEFAULT_RUNTIME_DIR, *copy = strdup(dir);
+	const char *rt_parent, *parent, *rt_base = split_last(rt, &rt_parent), *base;
+	struct stat a, b;
+	int same;
+
+	if (copy == NULL)
+		return 0;
+	base = split_last(copy, &parent);
+	same = strcmp(base, rt_base) == 0 && stat(parent, &a) == 0 && stat(rt_parent, &b) == 0 &&
+	       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+	free(copy);
+	return same;
+}
+
 /*
  * --check of a socket path (key = path): what would stop the daemon from
  * making its socket there: something that is not a socket in its place
@@ -122,9 +162,13 @@ in_group(gid_t gid)
  * start dies with EACCES; a warning when a socket is there already, which
  * systemd's socket activation may pass, though a stale one could not be
  * replaced), or a directory not there: an error (the start makes no
- * directory and dies with ENOENT), but for DEFAULT_RUNTIME_DIR, which the
- * unit's RuntimeDirectory= makes at start (a warning; before, any missing
- * directory was excused so: review rev223 L5). Returns 1 for an error.
+ * directory and dies with ENOENT), but for DEFAULT_RUNTIME_DIR in any
+ * spelling, which the unit's RuntimeDirectory= makes at start (a warning;
+ * before, any missing directory was excused so: review rev223 L5). A
+ * directory --check cannot look at for another reason (EACCES: a parent
+ * only root may search, where `user =` makes root create the sockets) is
+ * a warning naming the reason, as before rev223 L5 (review rev224 L1).
+ * Returns 1 for an error.
  */
 static int
 check_socket_path(const char *key, const char *path, int made_by_root)
@@ -143,16 +187,19 @@ check_socket_path(const char *key, const char *path, int made_by_root)
 	} else if ((slash = strrchr(dir, '/')) != NULL) {
 		*(slash == dir ? slash + 1 : slash) = '\0';
 		missing = stat(dir, &st) < 0 ? errno : 0;
-		if (missing == ENOENT && strcmp(dir, DEFAULT_RUNTIME_DIR) == 0) {
+		if (missing == ENOENT && is_runtime_dir(dir)) {
 			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (wcached.service's "
 					"RuntimeDirectory= makes it at start)\n", key, path, dir,
 				strerror(missing));
-		} else if (missing != 0) {
+		} else if (missing == ENOENT) {
 			fprintf(stderr, "wcached: %s = %s: %s: %s (wcached does not make the "
 					"directory: create it, or use %s, which wcached.service's "
 					"RuntimeDirectory= makes)\n", key, path, dir,
 				strerror(missing), DEFAULT_RUNTIME_DIR);
 			bad = 1;
+		} else if (missing != 0) {
+			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (--check could not look "
+					"at the directory)\n", key, path, dir, strerror(missing));
 		} else if (!S_ISDIR(st.st_mode)) {
 			fprintf(stderr, "wcached: %s = %s: %s is not a directory\n", key, path,
 				dir);

@@ -198,14 +198,26 @@ def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, 
 @pytest.mark.skipif(os.path.lexists("/run/wcached"), reason="/run/wcached exists here")
 def test_check_excuses_only_the_units_runtime_directory(tmp_path, model):
     """A missing /run/wcached is a warning only: wcached.service's
-    RuntimeDirectory=wcached makes it at start (review rev223 L5)."""
+    RuntimeDirectory=wcached makes it at start (review rev223 L5), in any
+    spelling: `/run/wcached//` and, where /var/run links to /run,
+    /var/run/wcached were errors telling to use /run/wcached (review rev224
+    L2). Another missing directory there is still an error."""
     conf = tmp_path / "w.conf"
-    conf.write_text(f"[wcached]\nsocket = /run/wcached/w.sock\ncontrol = {tmp_path}/c.sock\n"
+    spellings = [("/run/wcached/w.sock", "/run/wcached"), ("/run/wcached//w.sock", "/run/wcached/"),
+                 ("//run/wcached/w.sock", "//run/wcached")]
+    if os.path.realpath("/var/run") == "/run":
+        spellings.append(("/var/run/wcached/w.sock", "/var/run/wcached"))
+    for sock, where in spellings:
+        conf.write_text(f"[wcached]\nsocket = {sock}\ncontrol = {tmp_path}/c.sock\n"
+                        f"[model small]\npath = {model}\n")
+        r = check(conf)
+        assert r.returncode == 0, (sock, r.stderr)
+        assert (f"wcached: warning: socket = {sock}: {where}: No such file or directory "
+                "(wcached.service's RuntimeDirectory= makes it at start)") in r.stderr, r.stderr
+    conf.write_text(f"[wcached]\nsocket = /run/wcachedx/w.sock\ncontrol = {tmp_path}/c.sock\n"
                     f"[model small]\npath = {model}\n")
     r = check(conf)
-    assert r.returncode == 0, r.stderr
-    assert ("wcached: warning: socket = /run/wcached/w.sock: /run/wcached: No such file or "
-            "directory (wcached.service's RuntimeDirectory= makes it at start)") in r.stderr
+    assert r.returncode == 1 and "(wcached does not make the directory: create it" in r.stderr
 
 
 def check(conf, user=()):
@@ -322,6 +334,17 @@ def test_check_as_the_daemons_user_refuses_what_its_start_would(tmp_path, model)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "note: user = nobody: a wcached started as root makes its sockets as root" \
         in r.stderr, r.stderr
+    # A directory nobody may not even look at (its parent is root's alone)
+    # exists, and is root's business too: a warning naming why, not an
+    # error telling to create it (review rev224 L1: 2419808 made it one).
+    os.makedirs(os.path.join(where, "priv", "sock"))
+    os.chmod(os.path.join(where, "priv"), 0o700)
+    write(f"{where}/priv/sock/c.sock", "user = nobody\n")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"wcached: warning: control = {where}/priv/sock/c.sock: {where}/priv/sock: " \
+        "Permission denied (--check could not look at the directory)\n" in r.stderr, r.stderr
+    assert "create it" not in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks as root")
