@@ -33,9 +33,10 @@ struct shard_map {
 int shards_parse_index(const char *name, const char *json, size_t len, struct shard_map *out);
 void shard_map_free(struct shard_map *m);
 
-/* The comparisons of two tensor names that this thread's shard index checks
- * have made (the weight_map's duplicate check, shards_open()'s cross check):
- * what the unit tests count to bound their cost without a clock. */
+/* The comparisons of two names that this thread's shard index checks have
+ * made (finding each entry's shard, the weight_map's duplicate check,
+ * shards_open()'s cross check): what the unit tests count to bound their
+ * cost without a clock. */
 extern _Thread_local unsigned long shards_name_compares;
 
 /*
