@@ -136,9 +136,17 @@ void batch_check_fit(struct daemon *d);
  * changed) and returns cfg's memory budget in bytes (0: none). */
 uint64_t reload_memory_budget(struct daemon *d, const struct config *cfg);
 
+/* reload.c: is cfg's stage_dir on a network or FUSE filesystem
+ * (stage_dir_check_local; blocking: off the loop)? 0 no; 1 yes, the
+ * warning in error_get(); -EREMOTE or -EXDEV where a model has stage = yes
+ * too, which it refuses (review rev221 M3). */
+int reload_stage_dir_remote(const struct config *cfg);
+
 /* reload.c: prepares cfg's stage_dir (given to uid:gid when started as
- * root, (uid_t)-1 and (gid_t)-1 otherwise) and tells the registry. */
-void reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid);
+ * root, (uid_t)-1 and (gid_t)-1 otherwise) and tells the registry; a
+ * remote one (reload_stage_dir_remote) is only told. */
+void reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid,
+	int remote);
 
 /* reload.c: re-reads the configuration and adds, drops or reloads models;
  * done (may be NULL) runs with arg when every load it started has ended.

@@ -244,8 +244,10 @@ check_control_group(const struct config *cfg)
 }
 
 /*
- * --check of stage_dir: on a local filesystem (stage_dir_check_local), as
- * the start requires; and when a model must stage (stage = yes), what
+ * --check of stage_dir: on a network or FUSE filesystem
+ * (reload_stage_dir_remote), an error where a model has stage = yes, as the
+ * start's, a warning otherwise, and nothing looked up there; on a local
+ * one, when a model must stage (stage = yes), what
  * stage_prepare_dir (stage.h) will meet. An existing stage_dir must be a
  * directory of owner (wcached's user), not writable by its group or
  * others, and one it can write; a missing one must be creatable: its
@@ -262,10 +264,9 @@ check_stage_dir(const struct config *cfg, uid_t owner, int makes_parents)
 	struct stat st;
 	int err;
 
-	/* Whatever the models: the start refuses it (stage_dir_check_local). */
-	if (stage_dir_check_local(dir) < 0) {
-		fprintf(stderr, "wcached: %s\n", error_get());
-		return 1;
+	if ((err = reload_stage_dir_remote(cfg)) != 0) {
+		fprintf(stderr, "wcached: %s%s\n", err > 0 ? "warning: " : "", error_get());
+		return err < 0;
 	}
 	for (size_t i = 0; i < cfg->n_models && model == NULL; i++)
 		if (cfg->models[i].stage == FS_STAGE_YES)
@@ -746,7 +747,7 @@ main(int argc, char **argv)
 	struct restore *stored = NULL;
 	char *const *keep;
 	size_t nkeep;
-	int opt, do_check = 0, debug = 0, notifying, fdstore, r;
+	int opt, do_check = 0, debug = 0, notifying, fdstore, stage_remote, r;
 
 	opterr = 0; /* one line of ours per mistake, not getopt's and the usage */
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
@@ -870,14 +871,17 @@ main(int argc, char **argv)
 	uv_signal_start(&d.sigint, on_signal, SIGINT);
 	uv_signal_start(&d.sighup, on_signal, SIGHUP);
 
-	/* stage_dir on a local filesystem (stage_dir_check_local): before a
-	 * warm restart looks its stored copies up there on the loop
-	 * (restore_model), before any staging or sweep, and before the
-	 * sockets exist, so that a start it refuses is never seen serving
-	 * for a moment (review rev221 M2), and stage_dir is not made on the
-	 * filesystem it refuses (L2). */
-	if (stage_dir_check_local(d.cfg->stage_dir) < 0)
+	/* stage_dir on a network or FUSE filesystem (reload_stage_dir_remote):
+	 * judged before a warm restart looks its stored copies up there on
+	 * the loop (restore_model), before any staging or sweep, and before
+	 * the sockets exist, so that a start it refuses (a model has stage =
+	 * yes) is never seen serving for a moment (review rev221 M2). Else a
+	 * warning: nothing is made (L2), looked up, restored or swept there,
+	 * and each staging is refused (M3). */
+	if ((stage_remote = reload_stage_dir_remote(d.cfg)) < 0)
 		start_fatal(&d);
+	if (stage_remote)
+		log_warnx("%s", error_get());
 
 	/* The control socket, then the client socket (taken or created now,
 	 * so a second daemon fails at once; served when the configured models
@@ -893,12 +897,12 @@ main(int argc, char **argv)
 	}
 	listen_fds_unset();
 	/* stage_dir before dropping root, so that it can be given to the user. */
-	if (d.cfg->user != NULL && geteuid() == 0)
-		reload_set_stage_dir(&d, d.cfg, d.cfg->user_uid, d.cfg->user_gid);
+	if (d.cfg->user != NULL && geteuid() == 0 && !stage_remote)
+		reload_set_stage_dir(&d, d.cfg, d.cfg->user_uid, d.cfg->user_gid, 0);
 	drop_privileges(&d);
 	warn_shared_group(d.cfg);
-	if (d.reg.stage_dir == NULL)
-		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1);
+	if (d.reg.stage_dir == NULL && !stage_remote)
+		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1, 0);
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
 	uv_timer_init(&d.loop, &d.residency_timer);
@@ -945,6 +949,10 @@ main(int argc, char **argv)
 	 * queued from the loop). */
 	restore_copies(stored, &keep, &nkeep);
 	registry_stage_sweep(&d.reg, keep, nkeep);
+	/* A remote one only now: the restores above had none to look copies
+	 * up in (restore_model copies it), and no sweep ran. */
+	if (stage_remote)
+		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1, 1);
 	if (fdstore)
 		restore_started(stored, &d.reg);
 	d.start_batch = b;

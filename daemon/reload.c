@@ -403,13 +403,45 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 	free(req);
 }
 
+int
+reload_stage_dir_remote(const struct config *cfg)
+{
+	char msg[ERROR_MAX];
+	int err = stage_dir_check_local(cfg->stage_dir);
+
+	if (err == 0)
+		return 0;
+	for (size_t i = 0; i < cfg->n_models; i++)
+		if (cfg->models[i].stage == FS_STAGE_YES) {
+			snprintf(msg, sizeof(msg), "%s", error_get());
+			return error_set(err, "%s, and model \"%s\" has stage = yes", msg,
+				cfg->models[i].name);
+		}
+	return 1;
+}
+
 /* Where staged copies go (stage.h): created if missing, given to uid:gid
  * (as root before dropping privileges; (uid_t)-1 otherwise). A stage_dir
  * that cannot be made is said once here; each model that must stage is
- * then refused with the reason. */
+ * then refused with the reason. A remote one (reload_stage_dir_remote,
+ * judged off the loop: its line said already) is neither made nor
+ * resolved, nothing looked up there: the registry keeps it as configured,
+ * and each staging refuses it (stage.c's check_room; review rev221 M3). */
 void
-reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid)
+reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid,
+	int remote)
 {
+	char *dir;
+
+	if (remote) {
+		if ((dir = strdup(cfg->stage_dir)) == NULL) {
+			log_errorx("stage_dir %s: out of memory", cfg->stage_dir);
+			return;
+		}
+		free(d->reg.stage_dir);
+		d->reg.stage_dir = dir;
+		return;
+	}
 	/* Said at debug only: most hosts stage nothing, and a model that
 	 * must stage says why it cannot in its one line. */
 	if (stage_prepare_dir(cfg->stage_dir, uid, gid) < 0)
@@ -504,14 +536,16 @@ struct reload_read {
 	struct workq_job job;
 	struct daemon *d;
 	struct config *cfg;       /* what was read; NULL when it failed */
-	char message[ERROR_MAX];       /* why it failed */
+	char message[ERROR_MAX];       /* why it failed, or why stage_dir is remote */
+	int stage_remote;              /* cfg's stage_dir is (reload_stage_dir_remote) */
 	struct reload_waiter *waiters; /* to answer; none for SIGHUP */
 	struct reload_waiter **waiters_tail;
 	struct reload_read *next; /* waiting behind this one */
 };
 
-/* Pool thread: reads the configuration, and refuses a stage_dir on a
- * remote filesystem as the start does (stage_dir_check_local). */
+/* Pool thread: reads the configuration, and judges its stage_dir as the
+ * start does (reload_stage_dir_remote): a remote one refuses the reload
+ * only where a model has stage = yes. */
 static void
 read_run(struct workq_job *job)
 {
@@ -520,11 +554,13 @@ read_run(struct workq_job *job)
 	if (config_load(rr->d->config_path, &rr->cfg) < 0) {
 		rr->cfg = NULL;
 		snprintf(rr->message, sizeof(rr->message), "%s", error_get());
-	} else if (stage_dir_check_local(rr->cfg->stage_dir) < 0) {
-		/* Here, off the loop: apply() prepares stage_dir on it. */
-		config_free(rr->cfg);
-		rr->cfg = NULL;
+	} else if ((rr->stage_remote = reload_stage_dir_remote(rr->cfg)) != 0) {
+		/* Here, off the loop: apply() prepares stage_dir on the loop. */
 		snprintf(rr->message, sizeof(rr->message), "%s", error_get());
+		if (rr->stage_remote < 0) {
+			config_free(rr->cfg);
+			rr->cfg = NULL;
+		}
 	}
 }
 
@@ -606,7 +642,7 @@ rewarm_what_fits(struct daemon *d, uint64_t was)
 /* Applies cfg, read by a reload: the new models and settings, in one batch
  * whose end answers waiters (owned from here). */
 static void
-apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
+apply(struct daemon *d, struct config *cfg, int stage_remote, struct reload_waiter *waiters)
 {
 	struct reload_request *req;
 	struct batch *b;
@@ -626,7 +662,7 @@ apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 	d->reg.restart_hold_ms = (int)cfg->restart_hold_seconds * 1000;
 	d->reg.memory_budget = reload_memory_budget(d, cfg);
 	registry_enforce_budget(&d->reg);
-	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);
+	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1, stage_remote);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
 	/* Refusals of names no longer configured are of no use now. */
@@ -683,7 +719,9 @@ read_after(struct workq_job *job, int status)
 		}
 		answer_waiters(rr->waiters, -EINVAL, rr->message);
 	} else {
-		apply(d, rr->cfg, rr->waiters);
+		if (rr->stage_remote)
+			log_warnx("%s", rr->message);
+		apply(d, rr->cfg, rr->stage_remote, rr->waiters);
 	}
 	free(rr);
 	read_next(d);

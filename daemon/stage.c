@@ -698,6 +698,11 @@ check_room(const struct stage_request *req, uint64_t bytes, int *sfd)
 	char a[32], b[32], c[32];
 	int fd = -1, err;
 
+	/* Nothing made or looked up on a remote one (review rev221 M3). */
+	if ((err = stage_dir_check_local(req->stage_dir)) < 0) {
+		error_prefix("cannot stage it");
+		return err;
+	}
 	if (mkdir(req->stage_dir, 0700) == -1 && errno != EEXIST)
 		return error_set(-errno, "cannot stage it: stage_dir %s cannot be created: %s",
 			req->stage_dir, strerror(errno));

@@ -180,9 +180,10 @@ int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
  * it would be made in. 0 where every mount is local or cannot be told
  * (the walk failed otherwise: stage_prepare_dir says why); -EREMOTE
  * (-EXDEV) with one line naming stage_dir, the mount on the way and its
- * type as the mount table names it ("fuse.sshfs"), ending "stage_dir must
- * be on a local filesystem (...)". Blocking: at start, --check, and on the
- * work queue (a reload's read).
+ * type as the mount table names it ("fuse.sshfs"), ending with what it
+ * costs ("models that must be staged are refused; no staged copies are
+ * restored or swept there"). Blocking: at start, --check, and on the work
+ * queue (a reload's read, each staging: check_room).
  */
 int stage_dir_check_local(const char *stage_dir);
 

@@ -134,10 +134,12 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 
 /* The most links stage_dir_check_local's walk follows (the kernel's). */
 #define LOCAL_WALK_LINKS 40
-/* What every line refusing stage_dir ends with (review rev221 L3: one wording). */
-#define LOCAL_WHY "stage_dir must be on a local filesystem (wcached looks copies up there by " \
-	"name on its event loop, which a server that hangs would stop, and a copy there is " \
-	"no local copy)"
+/* What every line refusing stage_dir ends with (review rev221 L3: one
+ * wording): what it costs (M3: nothing looked up there, neither by a warm
+ * restart on the event loop, which a server that hangs would stop, nor by
+ * a staging; a copy there would be no local copy). */
+#define LOCAL_WHY "models that must be staged are refused; no staged copies are restored or " \
+	"swept there"
 
 /* The remote mount the walk h of stage_dir is refused at: name in the
  * directory h stands in (NULL: that directory; either may be stage_dir
@@ -576,8 +578,16 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 	int sfd = -1, err;
 
 	*removed = 0;
-	if ((err = stage_open_dir(stage_dir, &sfd)) < 0)
-		return err == -ENOENT ? 0 : err;
+	if ((err = stage_open_dir(stage_dir, &sfd)) < 0) {
+		/* Said at every start: what it costs too (review rev223 L11). */
+		char msg[ERROR_MAX];
+
+		if (err == -ENOENT)
+			return 0;
+		snprintf(msg, sizeof(msg), "%s", error_get());
+		return error_set(err, "%s: models that must be staged are refused; no staged "
+			"copies are swept there", msg);
+	}
 	if ((err = lock_stage_dir(sfd, stage_dir)) < 0 || (d = fdopendir(sfd)) == NULL) {
 		if (err == 0)
 			err = error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));

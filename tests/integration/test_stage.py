@@ -420,8 +420,9 @@ def test_a_shared_stage_dir_keeps_what_wcached_did_not_make(tmp_path):
 
 def test_a_stage_dir_other_users_may_write_is_refused(tmp_path):
     """A stage_dir writable by others (or another user's) would let them
-    aim a removal anywhere: not swept, and a model that must stage is
-    refused with one line saying why; a copy in it stays."""
+    aim a removal anywhere: not swept, with a warning saying what that
+    costs, and a model that must stage is refused with one line saying
+    why; a copy in it stays."""
     src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"}), "local": local},
@@ -438,6 +439,9 @@ def test_a_stage_dir_other_users_may_write_is_refused(tmp_path):
         assert generation(d, "local") == 1 and generation(d, "m") is None
         sweep = [p for p in problems(d) if p != line]
         assert len(sweep) == 1 and f"stage_dir {stage_dir} is writable by all users" in sweep[0]
+        # What it costs, said at every start (review rev223 L11).
+        assert sweep[0].endswith(": models that must be staged are refused; no staged copies "
+                                 "are swept there"), sweep[0]
         assert entries(stage_dir) == ["m.1"] and entries(leftover) == [MARKER]
     finally:
         assert d.stop() == 0, d.read_log()
@@ -540,13 +544,18 @@ def remotefs():
 
 
 def on_fuse(stage_dir, mount=r"\S+"):
-    """The one line wcached refuses stage_dir with on remotefs's mount
-    (stage.h stage_dir_check_local), as a regular expression: at the
-    mount on the way to it (mount: a regular expression), the mount table's
-    type named (review rev221 L3)."""
+    """The one line wcached says of a stage_dir on remotefs's mount (stage.h
+    stage_dir_check_local), as a regular expression: at the mount on the way
+    to it (mount: a regular expression), the mount table's type named
+    (review rev221 L3), and what it costs (M3)."""
     return (re.escape(f"stage_dir {stage_dir}: ") + mount + re.escape(", on the way to it, is on ") +
             r"fuse\.remotefs" +
-            re.escape(", a network or FUSE filesystem: stage_dir must be on a local filesystem"))
+            re.escape(", a network or FUSE filesystem: " + COST))
+
+
+# What a stage_dir on a network or FUSE filesystem costs (review rev221 M3).
+COST = "models that must be staged are refused; no staged copies are restored or swept there"
+STAGE_YES = ', and model "local" has stage = yes'
 
 
 def check(d, timeout=30):
@@ -556,18 +565,55 @@ def check(d, timeout=30):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_path):
-    """A warm restart looks each stored copy up in stage_dir by name on the
-    event loop (restore_check.c's fd_path, since 2aeace2): on a network or
-    FUSE filesystem a server that hangs would hold every client. So a
-    stage_dir there is refused at start, with one line naming it and its
-    filesystem type, and by --check, whatever the models' stage (here a
-    local model, stage = auto: before, wcached started and served it),
-    before its sockets exist and before it makes stage_dir there."""
+def run_to_end(d):
+    """wcached -c d's configuration (as d's user), run to its end."""
+    user = as_user(*d.user) if d.user else []
+    return subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_stage_dir_on_a_fuse_filesystem_serves_local_models_with_one_warning(tmp_path):
+    """A host whose models never stage, its stage_dir on a network or FUSE
+    filesystem (the shipped DaemonSet's emptyDir under gVisor or Kata: 9p,
+    virtiofs): --check passes with a warning, and wcached starts and serves
+    with one warning line naming stage_dir, its type and what it costs,
+    nothing made there (review rev221 M3: before, both refused it whatever
+    the models' stage, and the pod crash-looped). A model that must stage
+    (stage = auto, its file on the FUSE mount) is refused with that reason."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
-        d, stage_dir = stage_daemon(tmp_path, {"local": local}, stage_dir=fs.path("staged"))
+        mkmodel(fs.backing_path("far.safetensors"), seed=3, **LAYERS)
+        fs.wait_visible("far.safetensors")
+        d, stage_dir = stage_daemon(tmp_path, {"local": local,
+                                               "far": fs.path("far.safetensors")},
+                                    stage_dir=fs.path("staged"))
+        r = check(d)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search("wcached: warning: " + on_fuse(stage_dir) + "\n", r.stderr), r.stderr
+        d.start()
+        try:
+            d.wait_for_log("warning: " + on_fuse(stage_dir) + "$")
+            assert wait_until(lambda: generation(d, "local") == 1, 30), d.read_log()
+            d.wait_for_log(r'model "far": .*cannot stage it: ' + on_fuse(stage_dir))
+            assert len(re.findall(on_fuse(stage_dir), d.read_log())) == 2, d.read_log()
+            assert generation(d, "far") is None
+            assert not os.path.exists(fs.backing_path("staged"))
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check_with_stage_yes(
+        tmp_path):
+    """Where a model has stage = yes, a stage_dir on a network or FUSE
+    filesystem is refused at start, with one line naming it, its type, what
+    it costs and the model, and by --check, before the sockets exist and
+    before stage_dir is made there."""
+    rfs = remotefs()
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        d, stage_dir = stage_daemon(tmp_path, {"local": (local, {"stage": "yes"})},
+                                    stage_dir=fs.path("staged"))
         user = as_user(*d.user) if d.user else []
         # Run to its end (under strace where there is one: which sockets
         # it bound).
@@ -581,7 +627,7 @@ def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_p
         r = subprocess.run([*user, *strace, binary("wcached"), "-c", d.conf],
                            capture_output=True, text=True, timeout=60, env=env)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert re.search(on_fuse(stage_dir), r.stderr), r.stderr
+        assert re.search(on_fuse(stage_dir) + re.escape(STAGE_YES), r.stderr), r.stderr
         assert not os.path.exists(d.socket), "the refused start left its socket"
         # Refused before the sockets exist (review rev221 M2: before, a
         # start bound them and accepted for a moment before the refusal
@@ -589,44 +635,54 @@ def test_a_stage_dir_on_a_fuse_filesystem_is_refused_at_start_and_by_check(tmp_p
         # a daemon serving).
         if strace:
             assert "bind(" not in trace.read_text(), trace.read_text()
-        r = subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
-                           capture_output=True, text=True, timeout=60)
+        r = check(d)
         assert r.returncode == 1, r.stdout + r.stderr
-        assert re.search("wcached: " + on_fuse(stage_dir), r.stderr), r.stderr
+        assert re.search("wcached: " + on_fuse(stage_dir) + re.escape(STAGE_YES), r.stderr), \
+            r.stderr
+        assert not os.path.exists(fs.backing_path("staged"))
 
 
-def test_a_reload_to_a_stage_dir_on_a_fuse_filesystem_is_refused(tmp_path):
-    """A reload whose stage_dir is on a FUSE filesystem is refused, as the
-    start refuses it, the line said to wcachectl and logged (checked on the
-    reload's read, off the loop); what was in force stays (before, it was
-    applied: made there, and the next start refused it)."""
+def test_a_reload_to_a_stage_dir_on_a_fuse_filesystem(tmp_path):
+    """A reload whose stage_dir is on a FUSE filesystem is applied with the
+    warning, nothing made there (checked on the reload's read, off the
+    loop); one where a model has stage = yes too is refused, the line said
+    to wcachectl and logged, and what was in force stays."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    other = mkmodel(tmp_path / "other.safetensors", seed=4, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
         d, stage_dir = stage_daemon(tmp_path, {"local": local})
         d.start()
         try:
             assert generation(d, "local") == 1
             remote = fs.path("staged")
-            d.write_config({"local": local}, f"stage_dir = {remote}\n")
+            d.write_config({"local": local, "other": other}, f"stage_dir = {remote}\n")
+            r = ctl(d, "reload")
+            assert r.returncode == 0, r.stdout + r.stderr
+            d.wait_for_log("warning: " + on_fuse(remote) + "$")
+            assert generation(d, "other") == 1
+            d.write_config({"local": (local, {"stage": "yes"})}, f"stage_dir = {remote}\n")
             r = ctl(d, "reload")
             assert r.returncode != 0, r.stdout + r.stderr
-            assert re.search(on_fuse(remote), r.stdout + r.stderr), r.stdout + r.stderr
-            d.wait_for_log("reload refused: " + on_fuse(remote))
-            assert generation(d, "local") == 1
-            # Not applied: applying makes stage_dir (stage_prepare_dir).
+            want = on_fuse(remote) + re.escape(STAGE_YES)
+            assert re.search(want, r.stdout + r.stderr), r.stdout + r.stderr
+            d.wait_for_log("reload refused: " + want)
+            assert generation(d, "local") == 1 and generation(d, "other") == 1
+            # Not prepared: that makes stage_dir (stage_prepare_dir).
             assert not os.path.exists(fs.backing_path("staged"))
         finally:
             assert d.stop() == 0, d.read_log()
 
 
-def test_a_stage_dir_under_a_hung_fuse_server_is_refused_without_asking_it(tmp_path):
+def test_a_stage_dir_under_a_hung_fuse_server_is_judged_without_asking_it(tmp_path):
     """stage_dir's check judges each mount its walk would cross before it
     looks anything up on it (review rev221 M1): with the server of the
-    FUSE mount above stage_dir hung, --check and a reload are refused at
-    once, naming the mount. Before, the check walked into root's FUSE
-    mount as stat(2) would and waited with the server: --check hung, and
-    the reload was never answered (nor any reload after it)."""
+    FUSE mount above stage_dir hung, --check warns and a reload is applied
+    at once, naming the mount, nothing looked up there (review rev221 M3:
+    the reload does not prepare or resolve it). Before M1, the check walked
+    into root's FUSE mount as stat(2) would and waited with the server:
+    --check hung, and the reload was never answered (nor any reload after
+    it)."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
@@ -640,11 +696,12 @@ def test_a_stage_dir_under_a_hung_fuse_server_is_refused_without_asking_it(tmp_p
             try:
                 time.sleep(fs.attr_timeout + 1.5)  # the kernel's entries expire
                 r = check(d)
-                assert r.returncode == 1, r.stdout + r.stderr
-                assert re.search("wcached: " + on_fuse(remote, mnt), r.stderr), r.stderr
+                assert r.returncode == 0, r.stdout + r.stderr
+                assert re.search("wcached: warning: " + on_fuse(remote, mnt), r.stderr), \
+                    r.stderr
                 r = ctl(d, "reload", timeout=30)
-                assert r.returncode != 0, r.stdout + r.stderr
-                assert re.search(on_fuse(remote, mnt), r.stdout + r.stderr), r.stdout + r.stderr
+                assert r.returncode == 0, r.stdout + r.stderr
+                d.wait_for_log("warning: " + on_fuse(remote, mnt))
                 assert generation(d, "local") == 1
             finally:
                 fs.thaw()
@@ -652,10 +709,10 @@ def test_a_stage_dir_under_a_hung_fuse_server_is_refused_without_asking_it(tmp_p
             assert d.stop() == 0, d.read_log()
 
 
-def test_a_stage_dir_on_a_local_mount_beneath_a_fuse_directory_is_refused(tmp_path):
+def test_a_stage_dir_on_a_local_mount_beneath_a_fuse_directory_is_remote(tmp_path):
     """stage_dir on a tmpfs mounted on a directory of a FUSE mount: looking
     it up by name asks the FUSE server for the directories above it, so it
-    is refused at the FUSE mount on the way (review rev221 M1, B; before,
+    is judged at the FUSE mount on the way (review rev221 M1, B; before,
     only the tmpfs it ends on was judged, and it was accepted)."""
     if os.geteuid() != 0:
         pytest.skip("mounts a tmpfs: needs root")
@@ -670,56 +727,53 @@ def test_a_stage_dir_on_a_local_mount_beneath_a_fuse_directory_is_refused(tmp_pa
             stage_dir = os.path.join(sub, "staged")
             d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=stage_dir)
             r = check(d)
-            assert r.returncode == 1, r.stdout + r.stderr
-            assert re.search(on_fuse(stage_dir, re.escape(os.path.normpath(fs.path()))),
-                             r.stderr), r.stderr
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert re.search("wcached: warning: " + on_fuse(
+                stage_dir, re.escape(os.path.normpath(fs.path()))), r.stderr), r.stderr
         finally:
             subprocess.run(["umount", "-l", sub], check=True)
 
 
-def test_a_stage_dir_linked_into_a_fuse_mount_is_refused(tmp_path):
+def test_a_stage_dir_linked_into_a_fuse_mount_is_remote(tmp_path):
     """stage_dir a link to a directory not made yet on a FUSE mount: the
-    walk follows the link and is refused at the mount, before the missing
+    walk follows the link and judges it at the mount, before the missing
     name is looked up there (review rev221 M1, C; before, the check walked
-    up the configured path to a local directory and accepted it), at start
-    and by --check."""
+    up the configured path to a local directory and accepted it): with
+    stage = yes, refused at start and by --check."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
         link = str(tmp_path / "stage")
         os.symlink(fs.path("staged"), link)
-        d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=link)
-        want = on_fuse(link, re.escape(os.path.normpath(fs.path())))
+        d, _ = stage_daemon(tmp_path, {"local": (local, {"stage": "yes"})}, stage_dir=link)
+        want = on_fuse(link, re.escape(os.path.normpath(fs.path()))) + re.escape(STAGE_YES)
         r = check(d)
         assert r.returncode == 1, r.stdout + r.stderr
         assert re.search(want, r.stderr), r.stderr
-        user = as_user(*d.user) if d.user else []
-        r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
-                           text=True, timeout=60)
+        r = run_to_end(d)
         assert r.returncode == 1, r.stdout + r.stderr
         assert re.search(want, r.stderr), r.stderr
 
 
-def test_a_stage_dir_through_a_missing_name_and_dotdot_into_a_fuse_mount_is_refused(tmp_path):
+def test_a_stage_dir_through_a_missing_name_and_dotdot_into_a_fuse_mount_is_remote(tmp_path):
     """stage_dir = T/missing/../mnt/staged, mnt a FUSE mount: the walk
     goes on past the missing name by name, as the start makes it (as root
-    with `user =`, parents are made), ".." back to T, and is refused at
-    mnt, by --check and at start, before "missing" is made (review rev222
-    L1; before, the walk ended at "missing", --check passed, and the start
-    made "missing" and looked "staged" up on the FUSE mount)."""
+    with `user =`, parents are made), ".." back to T, and judges it at
+    mnt, by --check and at start (stage = yes: refused), before "missing"
+    is made (review rev222 L1; before, the walk ended at "missing", --check
+    passed, and the start made "missing" and looked "staged" up on the
+    FUSE mount)."""
     rfs = remotefs()
     local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
         stage_dir = str(tmp_path / "missing" / ".." / "mnt" / "staged")
-        d, _ = stage_daemon(tmp_path, {"local": local}, stage_dir=stage_dir,
-                            extra="" if TEST_USER else "user = root\n")
-        want = on_fuse(stage_dir, re.escape(os.path.normpath(fs.path())))
+        d, _ = stage_daemon(tmp_path, {"local": (local, {"stage": "yes"})},
+                            stage_dir=stage_dir, extra="" if TEST_USER else "user = root\n")
+        want = on_fuse(stage_dir, re.escape(os.path.normpath(fs.path()))) + re.escape(STAGE_YES)
         r = check(d)
         assert r.returncode == 1, r.stdout + r.stderr
         assert re.search("wcached: " + want, r.stderr), r.stderr
-        user = as_user(*d.user) if d.user else []
-        r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
-                           text=True, timeout=60)
+        r = run_to_end(d)
         assert r.returncode == 1, r.stdout + r.stderr
         assert re.search(want, r.stderr), r.stderr
         assert not os.path.exists(tmp_path / "missing")

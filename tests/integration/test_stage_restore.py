@@ -20,7 +20,7 @@ import pytest
 from conftest import Daemon, binary, mkmodel, wait_until
 from ctlutil import ctl
 from fakemanager import FakeManager
-from test_stage import MARKER, entries, generation, model_fds, own_dir
+from test_stage import MARKER, entries, generation, model_fds, on_fuse, own_dir, remotefs
 from test_warm_restart import finish, ready, start, worker
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
@@ -503,6 +503,45 @@ def test_a_copy_in_the_stage_dir_of_before_is_said_to_be_there(tmp_path):
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def test_a_warm_restart_looks_nothing_up_in_a_stage_dir_on_a_hung_fuse_mount(tmp_path):
+    """stage_dir moved, between two runs, to a FUSE mount whose server hangs
+    (as a gVisor or Kata pod's emptyDir is 9p or virtiofs), m now stage =
+    auto on a local file: the restarted wcached warns once, looks nothing
+    up there (neither the restore's walk of its stored copy, which names
+    stage_dir's entries on the loop, nor the sweep, nor making it) and
+    serves m from its own file (review rev221 M3: before, the start was
+    refused, and without the refusal the restore waited on the server)."""
+    rfs = remotefs()
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d = Daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+               extra=f"stage_dir = {tmp_path}/staged\nrestart_hold_seconds = 1\n")
+    old_dir = own_dir(d, tmp_path / "staged")
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)   # wcached, as that user, sends to it
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        remote = fs.path("staged")
+        try:
+            start_stored(d, mgr, user=d.user)
+            assert d.stop() == 0, d.read_log()
+            assert entries(old_dir) == ["m.1"]
+            d.write_config({"m": src}, f"stage_dir = {remote}\nrestart_hold_seconds = 1\n")
+            fs.freeze()
+            try:
+                start(d, mgr, *mgr.listen_fds(), user=d.user)
+                d.wait_for_log("warning: " + on_fuse(remote) + "$", timeout=30)
+                wait_until(lambda: ready(d, "m"), timeout=30, what="m served")
+                verify(d, src)
+                log = d.read_log()
+                assert "staged from" not in log and "removed" not in log, log
+            finally:
+                fs.thaw()
+        finally:
+            code = d.stop()
+            mgr.close()
+        assert code == 0, d.read_log()
+        assert not os.path.exists(fs.backing_path("staged"))
 
 
 def test_a_stage_key_changed_across_a_restart_is_applied(tmp_path):
