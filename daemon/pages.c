@@ -54,7 +54,6 @@ struct page_work {
 	int stopped;            /* the daemon began to stop: not every page mapped */
 	int written;            /* PAGE_CHECK: file `changed` was written in place */
 	size_t changed;
-	struct stat written_st; /* its fstat then */
 	int populate;           /* PAGE_RESTORE: map every page (not when it went cold
 				   before the check started: evicted, by the budget or
 				   by hand, or no longer served) */
@@ -285,7 +284,6 @@ check_written(struct page_work *p)
 		const struct wc_file *f = &g->source.files[i];
 
 		if (fstat(f->fd, &now) == 0 && file_written_in_place(&f->st, &now)) {
-			p->written_st = now;
 			p->written = 1;
 			p->changed = i;
 			return;
@@ -447,7 +445,7 @@ page_work_after(struct workq_job *w, int status)
 	struct registry *r = g->registry;
 	const struct pages_hooks *hooks = p->hooks;
 	struct pages_result res = { .op = p->op, .cancelled = status != 0 };
-	char message[sizeof(p->message)], why[256];
+	char message[sizeof(p->message)];
 	int evict = p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE;
 
 	g->page_queue = p->next;
@@ -491,16 +489,8 @@ page_work_after(struct workq_job *w, int status)
 	}
 	res.resident = p->resident;
 	res.check_err = p->check_err;
-	if (status == 0 && p->written) {
+	if (status == 0 && p->written)
 		res.written = g->source.files[p->changed].path;
-		/* A link made beside a file sends no event to its directory's
-		 * watch: this check sees it, and says why it counts (review
-		 * rev222 M2) before the line of the marking that follows. */
-		if (g->state != GEN_MODIFIED &&
-			file_links_moved_why(&g->source.files[p->changed].st, &p->written_st, why,
-				sizeof(why)) != NULL)
-			log_warnx("model \"%s\": %s: %s", g->model_name, res.written, why);
-	}
 	snprintf(message, sizeof(message), "%s", p->message);
 	res.message = message;
 	free(p);

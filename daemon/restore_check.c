@@ -72,12 +72,11 @@ files_dir(const char *path, char **dir)
  * when it is that file unchanged. The inode, size and mtime first; then
  * the ctime, as a running wcached compares it (file_ctime_moved,
  * base/file.h): a writer can put the mtime back with utimensat, never the
- * ctime, so a ctime that moved is a change, with the link count or without
- * (a link added beside the file can hide a write: review rev222 M2); only
- * a file that lost its last link (a rename over its path: a held
- * generation's file replaced so) is no write. A description that records
- * no ctime (nlink 0: version 4 and before) cannot tell; check_file says so
- * for a current generation.
+ * ctime, so a ctime that moved while the link count stayed is a change
+ * (a rename over the file's path drops a link: a held generation's file
+ * replaced so is no write). A description that records no ctime (nlink 0:
+ * version 4 and before) cannot tell; check_file says so for a current
+ * generation.
  */
 static const char *
 file_changed(const struct stat *st, const struct fdstore_file *f)
@@ -86,14 +85,11 @@ file_changed(const struct stat *st, const struct fdstore_file *f)
 		(uint64_t)st->st_ino != f->ino || (uint64_t)st->st_size != f->size ||
 		file_time_ns(&st->st_mtim) != f->mtime_ns)
 		return "not the inode, size and mtime described";
-	if (f->nlink == 0 || file_time_ns(&st->st_ctim) == f->ctime_ns ||
-		file_lost_last_link(f->nlink, (uint64_t)st->st_nlink))
-		return NULL;
-	if ((uint64_t)st->st_nlink == f->nlink)
+	if (f->nlink != 0 && (uint64_t)st->st_nlink == f->nlink &&
+		file_time_ns(&st->st_ctim) != f->ctime_ns)
 		return "written in place since it was stored (its ctime moved, its mtime was "
 		       "put back)";
-	return "linked or unlinked since it was stored, its ctime moved with its link "
-	       "count: a write in place with its mtime put back may be behind it";
+	return NULL;
 }
 
 /* O(1): the records are checked later (restore_checks, index_check.h). */

@@ -360,9 +360,8 @@ no_answer(int err)
 
 /*
  * Is f's source still the file it was when it was opened: the same size,
- * mtime and ctime (file_ctime_moved, base/file.h: a link added or removed
- * moves it too, and counts), and still the inode its path names? 0, or
- * -ESTALE saying how not.
+ * mtime and ctime (file_ctime_moved, base/file.h), and still the inode its
+ * path names? 0, or -ESTALE saying how not.
  * The path is looked at by mountrule's judged walk (mountrule_stat, in the
  * run w), never stat(2) by name: a neighbour who renames his link to his
  * FUSE mount over it, or mounts on its directory, would hold this thread
@@ -397,9 +396,8 @@ check_unchanged(struct mountrule_walk *w, const struct stage_file *f, bool durin
 			f->src);
 	} else if (file_ctime_moved(&f->st, &now)) {
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its "
-			"ctime moved: written in place with its mtime put back, or a chmod or a "
-			"link added or removed, which can hide one); replace model files with "
-			"rename(2), never in place", f->src);
+			"ctime moved: written in place, its mtime put back); replace model files "
+			"with rename(2), never in place", f->src);
 	}
 	why[0] = '\0';
 	if (mountrule_stat(w, f->src, &now, why, sizeof(why)) == -1) {

@@ -741,14 +741,10 @@ watch_sync(struct watch *w)
 	arm_writers(w);
 }
 
-/* Compares each file of g with its fstat at open; marks g modified. A
- * file whose ctime moved with its link count (a link added or removed
- * beside it) counts (file_ctime_moved): a line says why before the
- * modified one (review rev222 M2). */
+/* Compares each file of g with its fstat at open; marks g modified. */
 static void
 check_generation(struct registry *r, struct generation *g)
 {
-	char why[256];
 	struct stat st;
 
 	/* An fstat on a remote filesystem asks its server, which may hang:
@@ -761,8 +757,6 @@ check_generation(struct registry *r, struct generation *g)
 		if (fstat(f->fd, &st) == -1)
 			continue;
 		if (file_written_in_place(&f->st, &st)) {
-			if (file_links_moved_why(&f->st, &st, why, sizeof(why)) != NULL)
-				log_warnx("model \"%s\": %s: %s", g->model_name, f->path, why);
 			registry_mark_modified(r, g, f->path);
 			return;
 		}

@@ -20,8 +20,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -240,29 +238,9 @@ same_time(const struct timespec *a, const struct timespec *b)
 }
 
 bool
-file_lost_last_link(uint64_t then_nlink, uint64_t now_nlink)
-{
-	return then_nlink != 0 && now_nlink == 0;
-}
-
-bool
 file_ctime_moved(const struct stat *then, const struct stat *now)
 {
-	return !same_time(&now->st_ctim, &then->st_ctim) &&
-		!file_lost_last_link((uint64_t)then->st_nlink, (uint64_t)now->st_nlink);
-}
-
-const char *
-file_links_moved_why(const struct stat *then, const struct stat *now, char *buf, size_t n)
-{
-	if (now->st_nlink == then->st_nlink || now->st_size != then->st_size ||
-		!same_time(&now->st_mtim, &then->st_mtim) || !file_ctime_moved(then, now))
-		return NULL;
-	snprintf(buf, n, "its link count went from %ju to %ju and its ctime moved: a link "
-		 "added or removed beside a served file cannot be told from a write in place "
-		 "with its mtime put back, and counts as one", (uintmax_t)then->st_nlink,
-		(uintmax_t)now->st_nlink);
-	return buf;
+	return now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim);
 }
 
 int64_t

@@ -109,32 +109,15 @@ void file_bytes_free(struct file_bytes *b);
 int file_check_unchanged(const struct wc_file *f);
 
 /*
- * Could the ctime of a file moving from then's to now's be a write? A
- * writer can put the mtime back (utimensat(2)) but never the ctime, which
- * every write and every utimensat sets to the present. So do chmod, chown,
- * a rename of the file itself and a link added or removed beside it: each
- * of those can hide a write made in the same interval, so each counts, its
- * link count moved or not (review rev222 M2: a link added, then a write
- * with the mtime put back, was no change). Only a file that lost its last
- * link (file_lost_last_link: a rename over its path, its removal) is taken
- * for replaced, not written: the reload that follows serves what its path
- * names, and it only those who hold it (README, "Updating a model":
- * replace files by rename, do not change them).
+ * Did the ctime of a file move from then's to now's while its link count
+ * stayed? A writer can put the mtime back (utimensat(2)) but never the
+ * ctime, which every write and every utimensat sets to the present; a link
+ * added or removed (a rename over the file's path drops one) moves it too,
+ * and is no write. chmod, chown and a rename of the file itself move it
+ * alone, and count (README, "Updating a model": replace files by rename,
+ * do not change them).
  */
 bool file_ctime_moved(const struct stat *then, const struct stat *now);
-
-/* Did a file that had then_nlink links lose its last one, now_nlink 0 (a
- * rename over its path, its removal)? Its moved ctime then says it was
- * replaced, not written (file_ctime_moved). */
-bool file_lost_last_link(uint64_t then_nlink, uint64_t now_nlink);
-
-/* Where only the ctime and the link count of a file moved from then's to
- * now's (its size and mtime kept: a link added or removed beside it), why
- * that counts as a write in place (file_ctime_moved), in buf of n bytes,
- * which it returns; else NULL. For the line before a generation is marked
- * modified. */
-const char *file_links_moved_why(const struct stat *then, const struct stat *now, char *buf,
-	size_t n);
 
 /* Was the file whose stat at open was then written in place, as now (the
  * same inode's) shows: its size or mtime moved, or file_ctime_moved? */

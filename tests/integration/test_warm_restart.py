@@ -421,57 +421,6 @@ def test_a_file_written_in_place_with_its_mtime_put_back_while_down_loads_afresh
                    what="generation 2 marked modified")
 
 
-@pytest.mark.parametrize("when", ["running", "down"])
-def test_a_hard_link_beside_a_served_file_counts_as_a_write_in_place(tmp_path, when):
-    """README, "Updating a model safely": a link added beside a served file
-    moves its ctime with its link count, and a write in place with the
-    mtime put back could hide behind it, so it counts as one (review
-    rev222 M2; the link alone here: what it costs). While wcached runs the
-    generation is marked modified, with a line that says why, and the
-    operator's reload loads the same file again as generation 2, which
-    records the new link count: the restart after it restores it. While
-    wcached is down the restart loads the model afresh, as generation 2.
-    Before, the link was no change: generation 1 kept serving, and was
-    restored."""
-    a = mkmodel(tmp_path / "a.safetensors", seed=1)
-    second = str(tmp_path / "a.second")
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
-    d = Daemon(tmp_path, {"a": a})
-    with stopped_after(d, mgr):
-        start_stored(d, mgr)
-        if when == "running":
-            os.link(a, second)
-            wait_until(lambda: status(d)["a"].get("state") == "modified",
-                       what="generation 1 marked modified")
-            log = d.read_log()
-            assert re.search(r'warning: model "a": \S*a.safetensors: its link count went from '
-                             r'1 to 2 and its ctime moved: a link added or removed beside a '
-                             r'served file cannot be told from a write in place', log), log
-            r = subprocess.run([binary("wcachectl"), "--control", d.control, "reload", "a"],
-                               capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stdout + r.stderr
-            wait_until(lambda: ready(d, "a") and generation(d, "a") == 2,
-                       what="a loaded again as generation 2")
-            assert "the operator's reload loads its files again" in d.read_log()
-            mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-desc" in m.store,
-                         what="generation 2 stored")
-        assert d.stop() == 0, d.read_log()
-        if when == "down":
-            os.link(a, second)
-        start(d, mgr, *mgr.listen_fds())
-        wait_until(lambda: ready(d, "a") and generation(d, "a") == 2,
-                   what="a served as generation 2")
-        log = d.read_log()
-        if when == "running":
-            assert 'model "a": generation 2 restored from the file descriptor store' in log, log
-        else:
-            assert ('model "a": not restored: file a.safetensors: linked or unlinked since it '
-                    'was stored, its ctime moved with its link count: a write in place with '
-                    'its mtime put back may be behind it; loading') in log, log
-            assert "generation 1 restored" not in log, log
-        assert finish(worker(d, a, "a"))["generation"] == 2
-
-
 def test_a_changed_pin_keeps_the_restart_warm(tmp_path):
     """A pin changed by a reload makes no new generation, but it reaches the
     stored description; and a configured pin other than the stored one does

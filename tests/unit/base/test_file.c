@@ -212,73 +212,6 @@ test_check_unchanged(void **state)
 	file_close(&w);
 }
 
-/* A stat with the given link count and ctime (in s), size 100, mtime 7. */
-static struct stat
-stat_of(nlink_t nlink, time_t ctime_s)
-{
-	struct stat st;
-
-	memset(&st, 0, sizeof(st));
-	st.st_size = 100;
-	st.st_mtim.tv_sec = 7;
-	st.st_nlink = nlink;
-	st.st_ctim.tv_sec = ctime_s;
-	return st;
-}
-
-/* A ctime that moved counts as a possible write whatever the link count
- * did (a link added or removed beside the file can hide a write with the
- * mtime put back: review rev222 M2, where a moved link count excused it),
- * except where the file lost its last link: replaced, not written. */
-static void
-test_ctime_moved(void **state)
-{
-	struct stat then = stat_of(1, 10), now;
-	char why[256];
-
-	(void)state;
-	now = stat_of(1, 10);
-	assert_false(file_ctime_moved(&then, &now)); /* nothing moved */
-	assert_false(file_written_in_place(&then, &now));
-	now = stat_of(2, 10);
-	assert_false(file_ctime_moved(&then, &now)); /* the ctime did not move */
-	now = stat_of(1, 11);
-	assert_true(file_ctime_moved(&then, &now)); /* chmod, or a write */
-	assert_true(file_written_in_place(&then, &now));
-	now = stat_of(2, 11);
-	assert_true(file_ctime_moved(&then, &now)); /* a link added, and maybe a write */
-	assert_true(file_written_in_place(&then, &now));
-	then = stat_of(3, 10);
-	now = stat_of(2, 11);
-	assert_true(file_ctime_moved(&then, &now)); /* one of its links removed */
-	now = stat_of(0, 11);
-	assert_false(file_ctime_moved(&then, &now)); /* its last: renamed over, removed */
-	assert_false(file_written_in_place(&then, &now));
-	now.st_mtim.tv_sec = 8;
-	assert_true(file_written_in_place(&then, &now)); /* its mtime says so still */
-	then = stat_of(0, 10);
-	now = stat_of(0, 11);
-	assert_true(file_ctime_moved(&then, &now)); /* opened unlinked, written */
-	now = stat_of(1, 11);
-	assert_true(file_ctime_moved(&then, &now)); /* linked back in */
-	/* Only a moved link count with the ctime, size and mtime kept is told
-	 * apart, in the line that says why it counts. */
-	then = stat_of(1, 10);
-	now = stat_of(2, 11);
-	assert_ptr_equal(file_links_moved_why(&then, &now, why, sizeof(why)), why);
-	assert_non_null(strstr(why, "its link count went from 1 to 2 and its ctime moved"));
-	now.st_mtim.tv_sec = 8;
-	assert_null(file_links_moved_why(&then, &now, why, sizeof(why)));
-	now = stat_of(1, 11);
-	assert_null(file_links_moved_why(&then, &now, why, sizeof(why)));
-	now = stat_of(0, 11);
-	assert_null(file_links_moved_why(&then, &now, why, sizeof(why)));
-	assert_true(file_lost_last_link(1, 0));
-	assert_false(file_lost_last_link(0, 0));
-	assert_false(file_lost_last_link(2, 1));
-	assert_false(file_lost_last_link(1, 2));
-}
-
 /* A head larger than the format's maximum is refused. */
 static void
 test_read_bytes_max_head(void **state)
@@ -415,7 +348,6 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup,
 			tu_dir_teardown),
 		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, tu_dir_teardown),
-		cmocka_unit_test(test_ctime_moved),
 		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, tu_dir_teardown),
 		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup,
 			tu_dir_teardown),
