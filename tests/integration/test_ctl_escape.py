@@ -319,9 +319,10 @@ def test_empty_paths_and_the_timeout_rule_are_one_clear_line(tmp_path):
 
 def test_help_and_man_page_list_version():
     r = run("--help")
-    assert r.returncode == 0 and b"\n      --version " in r.stdout, r.stdout
-    r = run("--version")
-    assert r.returncode == 0 and r.stdout.startswith(b"wcachectl "), r
+    assert r.returncode == 0 and b"\n  -V, --version " in r.stdout, r.stdout
+    for flag in ("--version", "-V"):  # -V as wcached takes it (review rev223 L9)
+        r = run(flag)
+        assert r.returncode == 0 and r.stdout.startswith(b"wcachectl "), (flag, r)
     man = os.path.join(os.path.dirname(__file__), "..", "..", "man", "wcachectl.1")
     with open(man) as f:
         assert "\\-\\-version" in f.read()
