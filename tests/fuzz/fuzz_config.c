@@ -222,7 +222,7 @@ reprint(const struct config *cfg, size_t *len)
 	else
 		fprintf(f, "memory_budget = %llu%s\n",
 			(unsigned long long)cfg->memory_budget_value,
-			cfg->memory_budget == CONFIG_BUDGET_PERCENT ? "%" : "");
+			cfg->memory_budget == CONFIG_BUDGET_PERCENT ? "%" : "B");
 	fprintf(f, "max_clients = %u\nmax_clients_per_uid = %u\n", cfg->max_clients,
 		cfg->max_clients_per_uid);
 	if (cfg->user != NULL)
