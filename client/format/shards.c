@@ -96,25 +96,59 @@ sort_names(char *const *names, size_t n)
 	return order;
 }
 
-/* The number of the tensor named name among the n unique names in
- * sort_names() order, or -1. */
-static long
-find_name(char *const *names, const uint32_t *order, size_t n, const char *name)
+/*
+ * Binary search for name among n names in strcmp order, the k-th of which
+ * is name_at(arg, k): true with *at its position if it is there, false with
+ * *at the position it would be inserted at. One comparison per step, as
+ * the weight_map's checks and the shard lookup count them.
+ */
+static bool
+search_names(const char *name, size_t n, const char *(*name_at)(const void *arg, size_t k),
+	const void *arg, size_t *at)
 {
 	size_t lo = 0, hi = n;
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		int c = compare_names(name, names[order[mid]]);
+		int c = compare_names(name, name_at(arg, mid));
 
-		if (c == 0)
-			return (long)order[mid];
+		if (c == 0) {
+			*at = mid;
+			return true;
+		}
 		if (c < 0)
 			hi = mid;
 		else
 			lo = mid + 1;
 	}
-	return -1;
+	*at = lo;
+	return false;
+}
+
+/* Tensor names and their numbers in sort_names() order. */
+struct sorted_names {
+	char *const *names;
+	const uint32_t *order;
+};
+
+/* The k-th tensor name in sort_names() order (search_names()'s name_at). */
+static const char *
+sorted_name_at(const void *arg, size_t k)
+{
+	const struct sorted_names *s = arg;
+
+	return s->names[s->order[k]];
+}
+
+/* The number of the tensor named name among the n unique names in
+ * sort_names() order, or -1. */
+static long
+find_name(char *const *names, const uint32_t *order, size_t n, const char *name)
+{
+	struct sorted_names s = { names, order };
+	size_t at;
+
+	return search_names(name, n, sorted_name_at, &s, &at) ? (long)order[at] : -1;
 }
 
 /* ---- the shard index document ---- */
@@ -217,6 +251,15 @@ pack_strings(const struct jr_str *const *strs, size_t n)
 	return out;
 }
 
+/* The k-th shard name in strcmp order (search_names()'s name_at). */
+static const char *
+shard_name_at(const void *arg, size_t k)
+{
+	const struct map_reader *r = arg;
+
+	return r->shard_names[r->by_name[k]];
+}
+
 /*
  * Returns the number of shard name s (decoded: name), adding it if new.
  * The shards are looked up by binary search of their decoded names: the
@@ -227,7 +270,7 @@ pack_strings(const struct jr_str *const *strs, size_t n)
 static int
 shard_number(struct map_reader *r, const struct jr_str *s, const char *name, uint32_t *out)
 {
-	size_t lo = 0, hi = r->nshards, i;
+	size_t at, i;
 
 	/* Weight maps list tensors shard by shard: try the last one first. */
 	if (r->nshards > 0 && r->shards[r->last_shard].len == s->len &&
@@ -236,19 +279,10 @@ shard_number(struct map_reader *r, const struct jr_str *s, const char *name, uin
 		*out = (uint32_t)r->last_shard;
 		return 0;
 	}
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = compare_names(name, r->shard_names[r->by_name[mid]]);
-
-		if (c == 0) {
-			r->last_shard = r->by_name[mid];
-			*out = (uint32_t)r->last_shard;
-			return 0;
-		}
-		if (c < 0)
-			hi = mid;
-		else
-			lo = mid + 1;
+	if (search_names(name, r->nshards, shard_name_at, r, &at)) {
+		r->last_shard = r->by_name[at];
+		*out = (uint32_t)r->last_shard;
+		return 0;
 	}
 	if (r->nshards == INDEX_MAX_FILES)
 		return error_set(-E2BIG, "%s: weight_map names more than %d shards", r->name,
@@ -256,8 +290,8 @@ shard_number(struct map_reader *r, const struct jr_str *s, const char *name, uin
 	i = r->nshards++;
 	r->shards[i] = *s;
 	memcpy(r->shard_names[i], name, s->len + 1);
-	memmove(&r->by_name[lo + 1], &r->by_name[lo], (i - lo) * sizeof(r->by_name[0]));
-	r->by_name[lo] = (uint8_t)i;
+	memmove(&r->by_name[at + 1], &r->by_name[at], (i - at) * sizeof(r->by_name[0]));
+	r->by_name[at] = (uint8_t)i;
 	r->last_shard = i;
 	*out = (uint32_t)i;
 	return 0;
