@@ -15,6 +15,7 @@
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "proto/control_proto.h"
 #include "proto/defaults.h"
 #include "base/escape.h"
 #include "lib/wcache.h"
@@ -29,7 +30,8 @@ attach_usage(FILE *f)
 		   "  --socket PATH  wcached's client socket (default $WCACHE_SOCKET, else\n"
 		   "                 " DEFAULT_SOCKET_PATH ")\n"
 		   "  --touch        also read every page of every tensor and time it\n"
-		   "  --json         print one JSON object, on a failure too:\n"
+		   "  --json         print one JSON object, \"ok\":true and \"protocol\":1 in it,\n"
+		   "                 on a failure too:\n"
 		   "                 {\"ok\":false,\"protocol\":1,\"error\":\"...\"}\n");
 }
 
@@ -110,7 +112,7 @@ ctl_attach(int argc, char **argv)
 		t_touch = ctl_monotonic() - t0;
 	}
 	if (json) {
-		printf("{\"model\":");
+		printf("{\"ok\":true,\"protocol\":%d,\"model\":", CONTROL_PROTOCOL_VERSION);
 		ctl_json_string(stdout, name, strlen(name));
 		printf(",\"generation\":%" PRIu64 ",\"tensors\":%zu,\"bytes\":%" PRIu64
 		       ",\"attach_seconds\":%.9f", wc_model_generation(m), wc_model_count(m),

@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "base/escape.h"
 #include "format/source.h"
+#include "proto/control_proto.h"
 
 /* Prints `wcachectl inspect --help`. */
 static void
@@ -32,7 +33,8 @@ inspect_usage(FILE *f)
 		   "or a WEIG file) and lists its tensors: name, dtype, shape, bytes and the\n"
 		   "byte offset of the data in its file. Exits 0 for a valid model, 1 with a\n"
 		   "one-line reason otherwise.\n\n"
-		   "  --json   print one JSON object: format, metadata, tensors; on a failure\n"
+		   "  --json   print one JSON object: \"ok\":true, \"protocol\":1, format,\n"
+		   "           metadata, tensors; on a failure\n"
 		   "           {\"ok\":false,\"protocol\":1,\"error\":\"...\"}\n");
 }
 
@@ -66,7 +68,8 @@ print_json(const struct model_source *s, const struct index_header *h)
 	struct index_tensor t;
 	int r;
 
-	printf("{\"format\":\"%s\",\"metadata\":{", source_format_name(s->format));
+	printf("{\"ok\":true,\"protocol\":%d,\"format\":\"%s\",\"metadata\":{",
+	       CONTROL_PROTOCOL_VERSION, source_format_name(s->format));
 	for (uint64_t i = 0; i < h->meta_count; i++) {
 		if ((r = index_meta_at(s->index, h, i, &key, &value)) < 0)
 			return r;

@@ -553,7 +553,7 @@ def test_json_is_one_object_whatever_happens(tmp_path, daemon):
         assert r.stdout.count("\n") == 1
 
 
-def test_file_commands_json_is_one_object_whatever_happens(tmp_path, daemon):
+def test_file_commands_json_is_one_object_whatever_happens(tmp_path, daemon, model):
     """attach --json and inspect --json print the error object on stdout when
     they fail, as their help and README say (review rev223 L7: stdout was
     empty); a --json before a file command says where its --json goes, and
@@ -579,11 +579,17 @@ def test_file_commands_json_is_one_object_whatever_happens(tmp_path, daemon):
         assert reply["ok"] is False and reply["protocol"] == 1, (args, reply)
         assert text in reply["error"] and text in r.stderr, (args, reply, r.stderr)
         assert r.stdout.count("\n") == 1 and len(r.stderr.splitlines()) == 1, (args, r)
-    # Without --json, stdout stays empty; and the successful objects are unchanged.
+    # Without --json, stdout stays empty; the successful objects say "ok" too, as
+    # every control reply does (rev226 L2: a probe reading .ok got null from them).
     r = subprocess.run([binary("wcachectl"), "inspect", missing], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == "", r
     reply = json.loads(daemon.attach("small", "--json").stdout)
-    assert reply["model"] == "small" and "ok" not in reply, reply
+    assert reply["model"] == "small" and reply["ok"] is True and reply["protocol"] == 1, reply
+    r = subprocess.run([binary("wcachectl"), "inspect", "--json", str(model)],
+                       capture_output=True, text=True)
+    reply = json.loads(r.stdout)
+    assert r.returncode == 0 and reply["ok"] is True and reply["protocol"] == 1, r
+    assert reply["format"] == "safetensors" and reply["tensors"], reply
 
 
 def test_every_reply_has_the_protocol_version(daemon):
