@@ -32,7 +32,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
        slirp4netns fuse-overlayfs btrfs-progs python3-fsspec lintian prometheus
 
-.PHONY: all deps build layers columns test test-asan release-builds test-release test-system lint fuzz bench demo \
+.PHONY: all deps build layers columns test asan-build test-asan release-builds test-release test-system lint fuzz bench demo \
 	gpu-carry install deb clean
 
 all: build
@@ -64,7 +64,11 @@ build: deps
 # good part of the time): the system tests' two Debian roots (debootstrap,
 # by tests/system/roots.py, output in $(BUILD)/roots.log; the suites wait
 # for a root still being made), and clang's Release build and lint (output
-# in $(BUILD)/checks.log, printed after the tests). Only the compilers and
+# in $(BUILD)/checks.log, printed after the tests), and the ASan build
+# (asan-build, output in $(BUILD)/asan-build.log): test-asan waits for it
+# and then builds what is left, nothing where it finished, or shows the
+# error again where it failed (about 100 s of compiling that ran alone
+# between the two ctest phases before). Only the compilers and
 # the static checks run there: that build's unit tests, which have
 # timers of their own, run after the ASan phase at normal priority.
 # The recipe calls make through SUBMAKE, not $(MAKE): GNU make runs any recipe
@@ -77,14 +81,17 @@ SUBMAKE = $(MAKE)
 test: build deb
 	@nice -n 19 /usr/bin/python3 tests/system/roots.py --build $(BUILD) >$(BUILD)/roots.log 2>&1 & \
 	roots=$$!; \
+	nice -n 19 $(SUBMAKE) --no-print-directory asan-build >$(BUILD)/asan-build.log 2>&1 & \
+	asan=$$!; \
 	nice -n 19 $(SUBMAKE) --no-print-directory -k release-builds lint >$(BUILD)/checks.log 2>&1 & \
 	checks=$$!; ok=0; checked=0; \
 	echo "make test: beside the tests, at nice 19: the system tests' roots ($(BUILD)/roots.log)"; \
 	echo "make test: and clang's Release build and lint ($(BUILD)/checks.log, printed after the tests)"; \
+	echo "make test: and the ASan build ($(BUILD)/asan-build.log; test-asan finishes it)"; \
 	echo "cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)"; \
 	(cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb \
-		ctest --output-on-failure -j $(TEST_JOBS)) && \
-	WCACHE_DEBS=$(abspath $(BUILD))/deb $(SUBMAKE) test-asan && ok=1; \
+		ctest --output-on-failure -j $(TEST_JOBS)); rc=$$?; wait $$asan; \
+	[ $$rc = 0 ] && WCACHE_DEBS=$(abspath $(BUILD))/deb $(SUBMAKE) test-asan && ok=1; \
 	wait $$checks && checked=1; \
 	echo "make test: clang's Release build and lint ($(BUILD)/checks.log):"; cat $(BUILD)/checks.log; \
 	[ $$checked = 1 ] || echo "make test: clang's Release build or lint failed (above)"; \
@@ -139,10 +146,12 @@ lint: deps layers columns
 
 # The test run gives each fuzzer 10 s, whatever an earlier `make fuzz` left
 # in the build's cache.
-test-asan: deps
+asan-build: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \
 		-DWCACHE_FUZZ=ON -DWCACHE_FUZZ_SECONDS=10 -DWCACHE_WERROR=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
+
+test-asan: asan-build
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure \
 		-j $(ASAN_TEST_JOBS)
