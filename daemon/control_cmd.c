@@ -347,7 +347,12 @@ pages_done(int status, const char *message, uint64_t generation, void *arg)
 	} else if (ctl_reply_begin(&r, true) == NULL) {
 		ctl_conn_close(c);
 	} else {
-		if (strcmp(q->command, "evict") == 0)
+		if (strcmp(q->command, "evict") == 0 && resident >= bytes)
+			snprintf(text, sizeof(text), "nothing evicted: all %" PRIu64 " bytes stay "
+				 "resident (a process maps or locks them: another model of the "
+				 "same file, or workers); status shows it ready while they stay",
+				 bytes);
+		else if (strcmp(q->command, "evict") == 0)
 			snprintf(text, sizeof(text), "evicted: %" PRIu64 " of %" PRIu64
 				 " bytes still resident (pages a process maps or locks stay)",
 				 resident, bytes);

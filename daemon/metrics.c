@@ -38,10 +38,29 @@ metrics_label_value(FILE *f, const char *s)
 	}
 }
 
+/*
+ * Whether g is cold, but every byte of it is still in memory at a measure
+ * taken after its eviction ended: the pages stayed because a process maps
+ * or locks them (another configured name serving the same file, workers),
+ * so an attach reads nothing from disk. Status and metrics show it ready
+ * (review rev223 L13: they said cold, 0 % warm, with every byte resident,
+ * and the health check `wcachectl status NAME` exited 3). An eviction
+ * still queued or running, or waiting for a warm-up's jobs to stop, has
+ * not measured yet.
+ */
+static bool
+cold_but_resident(const struct generation *g)
+{
+	int64_t age_ms;
+
+	return g->state == GEN_COLD && g->warm.pending == 0 && !pages_evicting(g) &&
+		gen_resident(g, NULL, &age_ms) >= g->bytes && age_ms >= 0;
+}
+
 const char *
 metrics_generation_state(const struct generation *g)
 {
-	return gen_state_name(g->state);
+	return gen_state_name(cold_but_resident(g) ? GEN_READY : g->state);
 }
 
 const char *
@@ -156,7 +175,8 @@ v_open(const struct registry *reg, const struct model_entry *m)
 /*
  * How far the model's newest generation (the pending one, else the current
  * one) has warmed, in percent: 100 once ready, the bytes its reads have
- * pulled in so far while it warms (below 100), 0 before; and the seconds
+ * pulled in so far while it warms (below 100), 0 before (and while cold,
+ * unless every byte stayed in memory: cold_but_resident); and the seconds
  * left at the rate it has read so far (0 when not warming, -1 while
  * nothing is read yet, so no rate is known).
  */
@@ -168,7 +188,7 @@ warm_progress(const struct registry *reg, const struct model_entry *m, double *p
 	uint64_t done;
 	double secs;
 
-	*percent = g != NULL && g->state == GEN_READY ? 100 : 0;
+	*percent = g != NULL && (g->state == GEN_READY || cold_but_resident(g)) ? 100 : 0;
 	*eta = 0;
 	if (g == NULL || g->state != GEN_WARMING || g->bytes == 0)
 		return;

@@ -64,12 +64,15 @@ void metrics_label_value(FILE *f, const char *s);
 /*
  * The state of a model in one word, as status and metrics show it: the
  * current generation's state ("warming", "ready", "modified", "failed"),
- * or "cold" when it is ready or warming but was evicted; without a current
- * generation "loading" while a load runs, else "failed".
+ * or "cold" when it is ready or warming but was evicted ("ready" while
+ * every byte of it stays in memory: metrics_generation_state()); without a
+ * current generation "loading" while a load runs, else "failed".
  */
 const char *metrics_model_state(const struct model_entry *m);
 
-/* The state of one generation: gen_state_name() (generation.h). */
+/* The state of one generation: gen_state_name() (generation.h), but
+ * "ready" for a cold one whose latest measure, taken after its eviction
+ * ended, finds every byte in memory (pages a process maps or locks stay). */
 const char *metrics_generation_state(const struct generation *g);
 
 #endif

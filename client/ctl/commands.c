@@ -116,9 +116,10 @@ static const struct {
 		"Waits until they are unlocked.\n" },
 	[CONTROL_CMD_EVICT] = { NULL, false,
 		"Drops NAME's files from the page cache (pages that no process maps); the\n"
-		"model shows as cold until a client attaches it again. Waits until the\n"
-		"pages are gone, so status right after shows the new figure. Refused for\n"
-		"a pinned model.\n" },
+		"model shows as cold until a client attaches it again, or ready while\n"
+		"every byte stays resident (another model of the same file, or workers,\n"
+		"map it all). Waits until the pages are gone, so status right after shows\n"
+		"the new figure. Refused for a pinned model.\n" },
 	[CONTROL_CMD_DROP] = { NULL, false,
 		"Drops NAME's derived artifacts (every key, or only KEY), e.g. ones a bad\n"
 		"builder published: those no worker holds go at once and their memory is\n"
