@@ -166,9 +166,12 @@ is_runtime_dir(const char *dir)
  * spelling, which the unit's RuntimeDirectory= makes at start (a warning;
  * before, any missing directory was excused so: review rev223 L5). A
  * directory --check cannot look at for another reason (EACCES: a parent
- * only root may search, where `user =` makes root create the sockets) is
- * a warning naming the reason, as before rev223 L5 (review rev224 L1).
- * Returns 1 for an error.
+ * it may not search) is what the start meets where this user's view is
+ * the start's (without `user =`, as for a directory it cannot write; or
+ * run as root): an error, as its bind fails the same way (a warning before,
+ * h314's leftover). Only where `user =` makes root create the sockets and
+ * --check runs as another user is it a warning naming the reason, as before
+ * rev223 L5 (review rev224 L1). Returns 1 for an error.
  */
 static int
 check_socket_path(const char *key, const char *path, int made_by_root)
@@ -196,6 +199,13 @@ check_socket_path(const char *key, const char *path, int made_by_root)
 					"directory: create it, or use %s, which wcached.service's "
 					"RuntimeDirectory= makes)\n", key, path, dir,
 				strerror(missing), DEFAULT_RUNTIME_DIR);
+			bad = 1;
+		} else if (missing != 0 && (!made_by_root || geteuid() == 0)) {
+			fprintf(stderr, "wcached: %s = %s: uid %u cannot reach %s: %s (wcached "
+					"cannot make the socket there and its start fails the "
+					"same way: let that user search every directory above "
+					"it)\n", key, path, (unsigned)geteuid(), dir,
+				strerror(missing));
 			bad = 1;
 		} else if (missing != 0) {
 			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (--check could not look "

@@ -345,6 +345,17 @@ def test_check_as_the_daemons_user_refuses_what_its_start_would(tmp_path, model)
     assert f"wcached: warning: control = {where}/priv/sock/c.sock: {where}/priv/sock: " \
         "Permission denied (--check could not look at the directory)\n" in r.stderr, r.stderr
     assert "create it" not in r.stderr, r.stderr
+    # Without `user =` nobody makes the socket, and its start dies there:
+    # an error, as for a directory it cannot write (a warning before).
+    write(f"{where}/priv/sock/c.sock")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"wcached: control = {where}/priv/sock/c.sock: uid {nobody} cannot reach " \
+        f"{where}/priv/sock: Permission denied (wcached cannot make the socket there" \
+        in r.stderr, r.stderr
+    r = subprocess.run([*ctlutil.as_user(), binary("wcached"), "-c", conf], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "Permission denied" in r.stderr, r.stderr  # what it foresaw
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks as root")
