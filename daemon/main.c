@@ -170,8 +170,11 @@ is_runtime_dir(const char *dir)
  * the start's (without `user =`, as for a directory it cannot write; or
  * run as root): an error, as its bind fails the same way (a warning before,
  * h314's leftover). Only where `user =` makes root create the sockets and
- * --check runs as another user is it a warning naming the reason, as before
- * rev223 L5 (review rev224 L1). Returns 1 for an error.
+ * --check runs as another user is EACCES a warning naming the reason, as
+ * before rev223 L5 (review rev224 L1); a file on the way (ENOTDIR), a link
+ * loop (ELOOP), a name too long, are the same for every user: errors
+ * (review rev226 L1: a warning and "ok", then the start died at bind).
+ * Returns 1 for an error.
  */
 static int
 check_socket_path(const char *key, const char *path, int made_by_root)
@@ -200,12 +203,13 @@ check_socket_path(const char *key, const char *path, int made_by_root)
 					"RuntimeDirectory= makes)\n", key, path, dir,
 				strerror(missing), DEFAULT_RUNTIME_DIR);
 			bad = 1;
-		} else if (missing != 0 && (!made_by_root || geteuid() == 0)) {
+		} else if (missing != 0 &&
+			   (missing != EACCES || !made_by_root || geteuid() == 0)) {
 			fprintf(stderr, "wcached: %s = %s: uid %u cannot reach %s: %s (wcached "
 					"cannot make the socket there and its start fails the "
-					"same way: let that user search every directory above "
-					"it)\n", key, path, (unsigned)geteuid(), dir,
-				strerror(missing));
+					"same way%s)\n", key, path, (unsigned)geteuid(), dir,
+				strerror(missing), missing == EACCES ? ": let that user search "
+					"every directory above it" : "");
 			bad = 1;
 		} else if (missing != 0) {
 			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (--check could not look "

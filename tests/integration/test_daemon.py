@@ -356,6 +356,15 @@ def test_check_as_the_daemons_user_refuses_what_its_start_would(tmp_path, model)
     r = subprocess.run([*ctlutil.as_user(), binary("wcached"), "-c", conf], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "Permission denied" in r.stderr, r.stderr  # what it foresaw
+    # A file on the way is no directory for any user, root included: an
+    # error even where `user =` makes root create the sockets (review rev226
+    # L1: a warning and "ok", and the start died at bind).
+    write(f"{conf}/x/c.sock", "user = nobody\n")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"wcached: control = {conf}/x/c.sock: uid {nobody} cannot reach {conf}/x: Not a " \
+        "directory (wcached cannot make the socket there and its start fails the same way)\n" \
+        in r.stderr, r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks as root")
