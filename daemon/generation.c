@@ -566,6 +566,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g->hold_places);
 	free(g->holders);
 	free(g->gone);
+	free(g->adopt_st);
 	free(g->resolved_path);
 	free(g->tree_root);
 	free(g->links);
@@ -1252,6 +1253,61 @@ gen_mark_modified(struct registry *r, struct generation *g, const char *file)
 	}
 }
 
+int
+gen_relinked_now(struct generation *g, size_t i, const struct stat *now)
+{
+	struct model_entry *m = g->model;
+
+	if (m == NULL || m->current != g || !gen_attachable(g) || g->origin != NULL ||
+		g->relink_asked || i >= g->source.nfiles)
+		return 0;
+	g->relink_asked = 1;
+	g->relinked_i = i;
+	g->relinked_st = *now;
+	m->revalidate = g->number;
+	log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime moved "
+		 "(a hard link added or removed beside it, or a write with its mtime put "
+		 "back): loading its files again, validated anew; generation %" PRIu64
+		 " still serving", g->model_name, file_basename(g->source.files[i].path),
+		(uintmax_t)g->source.files[i].st.st_nlink, (uintmax_t)now->st_nlink, g->number);
+	return 1;
+}
+
+void
+gen_note_relinked(struct registry *r, struct generation *g, size_t i, const struct stat *now)
+{
+	if (gen_relinked_now(g, i, now) && r->relinked != NULL)
+		r->relinked(r, g->model);
+}
+
+/* g's parked fstats (gen_adopt_stats) become its own once no page work
+ * is queued. */
+static void
+adopt_parked(struct generation *g)
+{
+	if (g->adopt_st == NULL || g->page_queue != NULL)
+		return;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		g->source.files[i].st = g->adopt_st[i];
+	free(g->adopt_st);
+	g->adopt_st = NULL;
+}
+
+void
+gen_adopt_stats(struct generation *g, const struct model_source *src)
+{
+	size_t n = g->source.nfiles;
+
+	if (src->nfiles != n || n == 0)
+		return;
+	free(g->adopt_st);
+	if ((g->adopt_st = malloc(n * sizeof(*g->adopt_st))) == NULL)
+		return; /* kept: the next check asks again */
+	for (size_t i = 0; i < n; i++)
+		g->adopt_st[i] = src->files[i].st;
+	adopt_parked(g);
+}
+
 void
 gen_mark_gone(struct registry *r, struct generation *g, const char *file, int err)
 {
@@ -1302,6 +1358,11 @@ pages_done(struct registry *r, struct generation *g, const struct pages_result *
 		if (r->changed != NULL)
 			r->changed(r);
 	}
+	else if (res->relinked && g->state != GEN_MODIFIED && g->adopt_st == NULL)
+		/* A link inotify did not hear (made in another directory);
+		 * not one seen against the fstats a reload replaced. */
+		gen_note_relinked(r, g, res->relinked_i, &res->relinked_st);
+	adopt_parked(g);
 	if (res->op == PAGE_CHECK && !res->cancelled)
 		gen_residency_checked(r, g, res->resident);
 	if (res->op == PAGE_EVICT || res->op == PAGE_EVICT_SETTLE)

@@ -135,6 +135,7 @@ struct generation {
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
 	int populated;              /* every page is mapped into the daemon (pages.c) */
+	int relink_asked;           /* see relinked_st below */
 	/* The latest lock pages.c was refused: what and why, as its log line
 	 * says it after the model's name (status's pin_error); empty when
 	 * none was, or a later lock of that kind held. */
@@ -190,6 +191,18 @@ struct generation {
 		int known;
 		struct stat st;
 	} opened_path;
+	/* A links-only move of one of its files (file_links_moved: a hard
+	 * link added or removed beside it, or a write with its mtime put back
+	 * hidden behind one) asked that its files be loaded again, validated
+	 * anew (gen_note_relinked), and that reload has not answered yet:
+	 * relinked_i is the file, relinked_st its fstat when seen (a remote
+	 * file's kept identity takes its ctime, registry_load.c's keep_tree).
+	 * adopt_st: the fstats such a reload found the same index with
+	 * (gen_adopt_stats), waiting for page work, which reads
+	 * source.files[].st on its thread, to end; NULL: none. */
+	struct stat relinked_st;
+	struct stat *adopt_st;
+	size_t relinked_i;
 	/* The realpath(3) of the model's configured path (a symbolic link to
 	 * a hub snapshot: that snapshot's directory), taken off the loop when
 	 * the load that made it opened its files (gen_resolved_path), or by a
@@ -363,6 +376,25 @@ void gen_queue_pages(struct registry *r, struct generation *g, enum page_op op);
  * model's error says so, unless a file of that replacement is still open
  * for writing (an info line then: its writer is not done). */
 void gen_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/*
+ * File i of g moved only its link count and ctime (file_links_moved), now
+ * its fstat: where g is its model's current generation, attachable, served
+ * where its files lie and not asked already, one line, g->relink_asked
+ * set, the model's revalidate set to g's number, and the registry's
+ * relinked hook called (the watch reloads the model, paced); g keeps
+ * serving meanwhile. Else nothing (a pending one is checked again once
+ * current). gen_relinked_now: the same marks and line, no hook.
+ */
+void gen_note_relinked(struct registry *r, struct generation *g, size_t i,
+	const struct stat *now);
+int gen_relinked_now(struct generation *g, size_t i, const struct stat *now);
+
+/* A reload found g's files, after a links-only move, with g's own index
+ * (validated anew): their fstats then (src's, one per file, the same
+ * inodes) become g's, now or, while page work may read them on its
+ * thread, once it ended. */
+void gen_adopt_stats(struct generation *g, const struct model_source *src);
 
 /* A read lease asked on fd and given back at once: 0, -EAGAIN while a
  * descriptor has the file open for writing, else -errno; *stuck set where

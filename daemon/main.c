@@ -530,6 +530,17 @@ on_swapped(struct registry *r, struct model_entry *m, uint64_t generation)
 	restore_sync(r);
 }
 
+/* registry's relinked hook: m's files are loaded again, validated anew,
+ * as the watch paces it (watch.h's watch_revalidate). */
+static void
+on_relinked(struct registry *r, struct model_entry *m)
+{
+	struct daemon *d = r->owner;
+
+	if (d->watch != NULL)
+		watch_revalidate(d->watch, m->name);
+}
+
 static void
 close_walk(uv_handle_t *h, void *arg)
 {
@@ -863,6 +874,7 @@ main(int argc, char **argv)
 	d.reg.closer = d.closer;
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
+	d.reg.relinked = on_relinked;
 	d.reg.closed = restore_forget;
 	d.reg.memory_budget = reload_memory_budget(&d, d.cfg);
 	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;

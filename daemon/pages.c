@@ -54,6 +54,9 @@ struct page_work {
 	int stopped;            /* the daemon began to stop: not every page mapped */
 	int written;            /* PAGE_CHECK: file `changed` was written in place */
 	size_t changed;
+	int relinked;           /* ... else file relinked_i's links only moved */
+	size_t relinked_i;
+	struct stat relinked_st;
 	int populate;           /* PAGE_RESTORE: map every page (not when it went cold
 				   before the check started: evicted, by the budget or
 				   by hand, or no longer served) */
@@ -283,10 +286,18 @@ check_written(struct page_work *p)
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
-		if (fstat(f->fd, &now) == 0 && file_written_in_place(&f->st, &now)) {
+		if (fstat(f->fd, &now) == -1)
+			continue;
+		if (file_written_in_place(&f->st, &now)) {
 			p->written = 1;
 			p->changed = i;
+			p->relinked = 0;
 			return;
+		}
+		if (!p->relinked && file_links_moved(&f->st, &now)) {
+			p->relinked = 1;
+			p->relinked_i = i;
+			p->relinked_st = now;
 		}
 	}
 }
@@ -491,6 +502,11 @@ page_work_after(struct workq_job *w, int status)
 	res.check_err = p->check_err;
 	if (status == 0 && p->written)
 		res.written = g->source.files[p->changed].path;
+	else if (status == 0 && p->relinked) {
+		res.relinked = 1;
+		res.relinked_i = p->relinked_i;
+		res.relinked_st = p->relinked_st;
+	}
 	snprintf(message, sizeof(message), "%s", p->message);
 	res.message = message;
 	free(p);

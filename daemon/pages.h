@@ -21,6 +21,7 @@
 #define WC_PAGES_H
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "resident.h"
 
@@ -57,6 +58,11 @@ struct pages_result {
 	const char *message;  /* PAGE_RESTORE: that failure's message */
 	const char *written;  /* PAGE_CHECK: a file written in place since it was
 				 opened (its path, g's), or NULL */
+	int relinked;         /* PAGE_CHECK, none written: file relinked_i moved only its
+				 link count and ctime (file_links_moved), relinked_st its
+				 fstat then */
+	size_t relinked_i;
+	struct stat relinked_st;
 };
 
 /* What the module that queues an operation is told, on the loop thread. */

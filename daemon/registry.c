@@ -1144,6 +1144,12 @@ registry_mark_modified(struct registry *r, struct generation *g, const char *fil
 }
 
 void
+registry_relinked(struct registry *r, struct generation *g, size_t i, const struct stat *now)
+{
+	gen_note_relinked(r, g, i, now);
+}
+
+void
 registry_mark_gone(struct registry *r, struct generation *g, const char *file, int err)
 {
 	if (!gen_attachable(g))

@@ -169,6 +169,11 @@ struct model_entry {
 	int writer_fd;
 	char *writer_path;
 	uint64_t writer_since_ms;
+	/* The number of its current generation whose files a links-only
+	 * move asks to load again, validated anew (generation.c's
+	 * gen_note_relinked), until a reload carrying it answers
+	 * (registry_load.c's reloads_relinked); 0: none asked. */
+	uint64_t revalidate;
 	char *error;                /* last load error, NULL if none */
 	/* A watched reload the model-tree rules refused (registry_load.c's
 	 * same_tree and linked_in: a tree moved or made again by another user,
@@ -352,6 +357,10 @@ struct registry {
 	 * generation changing (for client notifications). */
 	void (*changed)(struct registry *);
 	void (*swapped)(struct registry *, struct model_entry *, uint64_t generation);
+	/* m's current generation's files moved only their link counts
+	 * (gen_note_relinked): the owner reloads m, paced (watch.h's
+	 * watch_revalidate). NULL: nothing asked. */
+	void (*relinked)(struct registry *, struct model_entry *);
 	/* A generation closes (gen_maybe_free): the warm restart's hook
 	 * (restore_forget), so that neither the registry nor generation.c
 	 * calls the module above them. NULL: nothing to do. */
@@ -624,6 +633,11 @@ int registry_pages_wait(struct registry *r, const char *name, registry_done_fn d
  * pending replacement is dropped (it never becomes current) but not freed:
  * call registry_collect() afterwards. */
 void registry_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/* File i of g moved only its link count and ctime, as now shows
+ * (file_links_moved): generation.c's gen_note_relinked. */
+void registry_relinked(struct registry *r, struct generation *g, size_t i,
+	const struct stat *now);
 
 /* Marks g, served where it lies on a remote filesystem, as gone from the
  * server (gen_mark_gone: the served descriptor of file failed an fstat

@@ -198,6 +198,9 @@ struct load_request {
 	 * was queued (review rev182 F2). */
 	int room_refused;
 	uint64_t closes_seen;
+	/* A reload (any but RELOAD_NONE) asked while m's revalidate named a
+	 * generation (model_entry's revalidate): that number; 0: none. */
+	uint64_t revalidate;
 	/* What path named just before it was opened (staging's failures
 	 * compare with it: the path may name a newer file by then). */
 	int opened_known;
@@ -2547,6 +2550,20 @@ same_files(const struct model_entry *m, const struct generation *g,
 	return same_inodes(g, &q->source) && (g->origin != NULL) == registry_stages(m, &q->fs);
 }
 
+/* Has each of q's files the size and mtime g's had when opened? */
+static int
+same_sizes_mtimes(const struct generation *g, const struct load_request *q)
+{
+	for (size_t i = 0; i < q->source.nfiles; i++) {
+		const struct stat *a = &g->source.files[i].st, *b = &q->source.files[i].st;
+
+		if (a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+			a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
+			return 0;
+	}
+	return 1;
+}
+
 /*
  * Is q the operator's reload of m's current generation, modified in place
  * (generation.c), whose files (same_files) kept the size and mtime they had
@@ -2570,14 +2587,28 @@ reloads_modified(const struct model_entry *m, const struct load_request *q)
 	if (q->reload != RELOAD_OPERATOR || g == NULL || g->state != GEN_MODIFIED ||
 		g->origin != NULL || !same_files(m, g, q))
 		return 0;
-	for (size_t i = 0; i < q->source.nfiles; i++) {
-		const struct stat *a = &g->source.files[i].st, *b = &q->source.files[i].st;
+	return same_sizes_mtimes(g, q);
+}
 
-		if (a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
-			a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
-			return 0;
-	}
-	return 1;
+/*
+ * Is q the reload that loads m's current generation's files again after a
+ * links-only move (generation.c's gen_note_relinked: q->revalidate names
+ * it), finding the same files (same_files) with their sizes and mtimes?
+ * A link added or removed beside a file cannot be told from a write with
+ * its mtime put back, so the index is compiled anew from the bytes on
+ * disk and compared (load_after): the same, the generation keeps serving
+ * and takes the new fstats (no new generation: derived artifacts and
+ * subscribers are keyed by it, and a neighbour's ln/rm loop would rebuild
+ * them); else a new generation is made of the same inodes.
+ */
+static int
+reloads_relinked(const struct model_entry *m, const struct load_request *q)
+{
+	const struct generation *g = m->current;
+
+	return q->revalidate != 0 && g != NULL && g->number == q->revalidate &&
+		gen_attachable(g) && g->origin == NULL && same_files(m, g, q) &&
+		same_sizes_mtimes(g, q);
 }
 
 /* The one line of an operator's reload that loads a modified generation's
@@ -2589,6 +2620,96 @@ log_reloads_modified(const struct model_entry *m)
 		 "sizes and mtimes unchanged (a chmod or chown moves only the ctime); the "
 		 "operator's reload loads its files again, validated anew, as a new generation",
 		m->name, m->current->number);
+}
+
+static void take_resolved(struct generation *g, struct load_request *q);
+static void refusal_decided(struct model_entry *m);
+
+/*
+ * load_after: q reloaded m's current generation g's files after a
+ * links-only move (reloads_relinked). Its index the same bytes as g's
+ * (the index holds no stat, client/format/index.h): g keeps serving and
+ * takes q's fstats as its own (gen_adopt_stats), answered, 1. Else (a
+ * header written in place, its mtime put back) one warning and 0: the
+ * caller installs q as generation N+1 of the same inodes; N's holders keep
+ * N. A write after q opened the files moves the ctime past the adopted
+ * fstat with the link count unchanged: the next check marks g modified.
+ */
+static int
+revalidated_same(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	struct generation *g = m->current;
+
+	(void)r;
+	if (q->index_size != g->index_size || memcmp(q->index, g->index, q->index_size) != 0) {
+		log_warnx("model \"%s\": generation %" PRIu64 "'s %s was written in place (its "
+			  "header changed, its mtime put back); its files are loaded again, "
+			  "validated anew, as generation %" PRIu64, m->name, g->number,
+			file_basename(g->source.files[g->relink_asked ? g->relinked_i : 0].path),
+			m->last_generation + 1);
+		return 0;
+	}
+	gen_adopt_stats(g, &q->source);
+	if (q->tree_status == 0)
+		take_resolved(g, q);
+	free(m->error);
+	m->error = NULL;
+	refusal_decided(m);
+	if (g->relink_asked)
+		log_info("model \"%s\": generation %" PRIu64 ": its files, loaded again after a "
+			 "link count change, validated anew: unchanged", m->name, g->number);
+	g->relink_asked = 0;
+	m->revalidate = 0;
+	if (q->done != NULL)
+		q->done(0, "unchanged, validated anew", g->number, q->arg);
+	return 1;
+}
+
+/*
+ * load_after, for the newest load q of m: a revalidation q carried
+ * (q->revalidate) is answered, whatever q found: the generation it named
+ * may be asked again (a links-only move seen again: the fstats were not
+ * adopted, as for a replacement that failed, then paced).
+ */
+static void
+relink_answered(struct model_entry *m, const struct load_request *q)
+{
+	if (q->revalidate == 0 || m->revalidate != q->revalidate)
+		return;
+	m->revalidate = 0;
+	if (m->current != NULL && m->current->number == q->revalidate)
+		m->current->relink_asked = 0;
+}
+
+/*
+ * load_failed: q carried the revalidation of m's current generation g
+ * after a links-only move, and failed. Where the failure is its files'
+ * (not a refusal, a missing path, a lack of room or memory) and the path
+ * names what g opened (its dev, inode, size and mtime: not its ctime,
+ * which a link moves), the files serving no longer validate: g is marked
+ * modified (fail closed). Else (another, broken file renamed over the
+ * path of a linked file) g keeps serving, as after any failed
+ * replacement.
+ */
+static void
+relink_failed(struct registry *r, struct model_entry *m, const struct load_request *q)
+{
+	struct generation *g = m->current;
+	const struct stat *a = g != NULL ? &g->opened_path.st : NULL, *b = &q->path_st;
+	int e = -q->status;
+
+	if (q->revalidate == 0 || g == NULL || g->number != q->revalidate ||
+		!gen_attachable(g) || q->room_refused || q->tree_status < 0 ||
+		q->busy_path != NULL || e == ENOENT || e == EACCES || e == EPERM || e == EBUSY ||
+		e == ENOMEM || e == EMFILE || e == ENFILE || e == EXDEV || e == ELOOP ||
+		e == ENOTDIR || e == EAGAIN || e == EINTR || e == ECANCELED || e == ESHUTDOWN ||
+		e == ETXTBSY || !q->path_known || !g->opened_path.known ||
+		a->st_dev != b->st_dev || a->st_ino != b->st_ino || a->st_size != b->st_size ||
+		a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
+		return;
+	log_warnx("model \"%s\": generation %" PRIu64 "'s files no longer validate (loaded "
+		  "again after a link count change: %s)", m->name, g->number, q->message);
+	gen_mark_modified(r, g, g->source.files[g->relink_asked ? g->relinked_i : 0].path);
 }
 
 /* The info line of a staged generation, or the warning of a remote one
@@ -2898,6 +3019,7 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 	 * nothing for a change. */
 	if (!q->path_known && !q->path_noted)
 		note_opened_stat(q);
+	relink_failed(r, m, q);
 	/* Only a load of the path its watches are on: the operator's load of
 	 * another path that failed leaves them as they are, and a stat of
 	 * that path is nothing to compare the model's own with (the re-arm
@@ -3195,7 +3317,8 @@ load_after(struct workq_job *w, int status)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
 	} else if (q->reload != RELOAD_NONE && same_files(m, m->current, q) &&
-		m->current->state != GEN_FAILED && !reloads_modified(m, q)) {
+		m->current->state != GEN_FAILED && !reloads_modified(m, q) &&
+		!reloads_relinked(m, q)) {
 		/* (A generation that failed while warming serves nothing: its
 		 * files are loaded again, a new generation, below; so are a
 		 * modified one's at the operator's word.) A watched reload
@@ -3237,9 +3360,13 @@ load_after(struct workq_job *w, int status)
 		 * once, as the new generation is made. */
 		if (reloads_modified(m, q))
 			log_reloads_modified(m);
-		install(r, m, q);
+		if (!reloads_relinked(m, q) || !revalidated_same(r, m, q))
+			install(r, m, q);
 	}
 	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
+	if (m != NULL && m->entry_id == q->entry_id && status != UV_ECANCELED && !r->closing &&
+		m->load_id == q->id)
+		relink_answered(m, q);
 	if (m != NULL && m->entry_id == q->entry_id)
 		/* Refused for descriptors while a generation closed: its
 		 * retry waits for no other close (review rev182 F2). */
@@ -3446,8 +3573,15 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		 * (NFS's fileid, the exported inode's) to the next file made
 		 * there, the same st_ino through this client (review rev222
 		 * M1). */
+		/* A revalidation after a links-only move of a remote file
+		 * (gen_note_relinked): that inode (seen through the held
+		 * descriptor) with the ctime the move gave it. */
+		const struct stat *ct = g == m->current && g->relink_asked &&
+				m->revalidate == g->number && g->origin == NULL &&
+				i == g->relinked_i ? &g->relinked_st : st;
+
 		q->keep_files[q->nkeep_files] = (struct file_id){ .dev = st->st_dev,
-			.ino = st->st_ino, .ctime_ns = file_time_ns(&st->st_ctim),
+			.ino = st->st_ino, .ctime_ns = file_time_ns(&ct->st_ctim),
 			.ctime_known = i == g->source.nfiles || g->origin != NULL ||
 				g->fs.remote };
 		q->nkeep_files++;
@@ -3544,6 +3678,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->id = ++r->next_load_id;
 	q->entry_id = m->entry_id;
 	q->closes_seen = r->closes_done;
+	q->revalidate = reload != RELOAD_NONE ? m->revalidate : 0;
 	q->job.arg = q;
 	if ((err = workq_submit(&r->workq, &q->job, model_fs(m, path, what, sizeof(what)), what,
 		     load_work, load_after)) < 0) {

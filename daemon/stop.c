@@ -167,6 +167,7 @@ stop_daemon(struct daemon *d)
 	restore_stopping(&d->reg);
 	d->reg.changed = NULL;
 	d->reg.swapped = NULL;
+	d->reg.relinked = NULL;
 	/* Loads still on the work queue are dropped; page work reads it
 	 * from its thread (pages.c) and stops early. */
 	__atomic_store_n(&d->reg.closing, 1, __ATOMIC_RELAXED);

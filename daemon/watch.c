@@ -338,7 +338,7 @@ live_generation(struct model_entry *m, uint64_t number)
 }
 
 static void check_generation(struct registry *r, struct generation *g);
-static void mark_dirty(struct watch *w, const char *name, bool lost);
+static void mark_dirty(struct watch *w, const char *name, bool lost, uint64_t relink_due);
 
 /*
  * Is the model's path, as j found it once its directory was watched,
@@ -452,7 +452,11 @@ prune_paced(struct watch *w)
 
 		bool swaps_over = p->swaps == 0 || now - p->swaps_ms >= WATCH_SWAPS_MS;
 
-		if (m == NULL || m->entry_id != p->entry_id || (paced_quiet(p, now) && swaps_over))
+		/* A revalidation's pacing lasts WATCH_RELINK_QUIET_MS. */
+		bool relinks_over = p->relink_ms == 0 || now >= p->relink_ms + WATCH_RELINK_QUIET_MS;
+
+		if (m == NULL || m->entry_id != p->entry_id ||
+			(paced_quiet(p, now) && swaps_over && relinks_over))
 			forget_paced(w, i);
 		else
 			i++;
@@ -671,7 +675,7 @@ on_writer_timer(uv_timer_t *t)
 		for (size_t i = 0; i < w->ndirty && !due; i++)
 			due = strcmp(w->dirty[i].name, m->name) == 0;
 		if (!due && m->loading == 0 && registry_writer_gone(m))
-			mark_dirty(w, m->name, false);
+			mark_dirty(w, m->name, false, 0);
 	}
 	if (!waiting)
 		uv_timer_stop(t);
@@ -745,7 +749,8 @@ watch_sync(struct watch *w)
 static void
 check_generation(struct registry *r, struct generation *g)
 {
-	struct stat st;
+	struct stat st, relinked_st;
+	size_t relinked = SIZE_MAX;
 
 	/* An fstat on a remote filesystem asks its server, which may hang:
 	 * not on the loop. Polling compares those files (watch_poll.c). */
@@ -760,7 +765,16 @@ check_generation(struct registry *r, struct generation *g)
 			registry_mark_modified(r, g, f->path);
 			return;
 		}
+		/* The first file whose links alone moved, once no file is
+		 * found written; not while a reload's fstats wait to be
+		 * adopted (they show the move already). */
+		if (relinked == SIZE_MAX && g->adopt_st == NULL && file_links_moved(&f->st, &st)) {
+			relinked = i;
+			relinked_st = st;
+		}
 	}
+	if (relinked != SIZE_MAX)
+		registry_relinked(r, g, relinked, &relinked_st);
 }
 
 void
@@ -1017,6 +1031,9 @@ on_settle(uv_timer_t *t)
 			if (d.lost)
 				log_debug("model \"%s\": checking its files (inotify lost "
 					  "events)", d.name);
+			else if (d.relink)
+				log_debug("model \"%s\": loading its files again after a "
+					  "link count change", d.name);
 			else
 				say_reloading(p, d.name, now);
 			ask_reload(w, m, d.lost);
@@ -1028,15 +1045,17 @@ on_settle(uv_timer_t *t)
 	arm_settle(w);
 }
 
-/* watch_mark_dirty, lost: only because events were lost (an overflow). */
+/* watch_mark_dirty, lost: only because events were lost (an overflow);
+ * relink_due: not 0, asked by watch_revalidate alone, due then (paced) if
+ * no reload of the model was asked already. */
 static void
-mark_dirty(struct watch *w, const char *name, bool lost)
+mark_dirty(struct watch *w, const char *name, bool lost, uint64_t relink_due)
 {
 	uint64_t now = uv_now(w->loop);
 	struct dirty_model *d = NULL, *grown;
 	struct paced_model *p = find_paced(w, name);
 
-	if (p != NULL && !lost) {
+	if (p != NULL && !lost && relink_due == 0) {
 		/* Quiet for long enough: its backoff is over. */
 		if (paced_quiet(p, now)) {
 			p->delay_ms = 0;
@@ -1057,9 +1076,19 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 			return;
 		d->first_ms = now;
 		d->lost = lost;
+		d->relink = relink_due != 0;
 		w->ndirty++;
+		if (relink_due != 0) {
+			/* Asked by nothing else: as paced. */
+			d->due_ms = relink_due;
+			arm_settle(w);
+			return;
+		}
+	} else if (relink_due != 0) {
+		return; /* that reload carries the revalidation */
 	} else if (!lost) {
 		d->lost = false;
+		d->relink = false;
 	}
 	/* Only this model's own events postpone its reload, and only up to
 	 * the maximum: a neighbour writing her files without pause can delay
@@ -1077,7 +1106,45 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 void
 watch_mark_dirty(struct watch *w, const char *name)
 {
-	mark_dirty(w, name, false);
+	mark_dirty(w, name, false, 0);
+}
+
+uint64_t
+watch_relink_delay(uint64_t now, uint64_t *last_ms, uint64_t *delay_ms)
+{
+	uint64_t due = now + WATCH_SETTLE_MS;
+
+	if (*last_ms == 0 || now >= *last_ms + WATCH_RELINK_QUIET_MS) {
+		*delay_ms = 0;
+	} else {
+		*delay_ms = *delay_ms == 0 ? WATCH_RELINK_MIN_MS :
+			*delay_ms * 2 > WATCH_RELINK_MAX_MS ? WATCH_RELINK_MAX_MS : *delay_ms * 2;
+		if (*last_ms + *delay_ms > due)
+			due = *last_ms + *delay_ms;
+	}
+	*last_ms = due;
+	return due - now;
+}
+
+void
+watch_revalidate(struct watch *w, const char *name)
+{
+	const struct model_entry *m = w->stopping ? NULL : registry_find(w->reg, name);
+	struct paced_model *p;
+	uint64_t now = uv_now(w->loop), delay = WATCH_SETTLE_MS;
+
+	if (m == NULL)
+		return;
+	if ((p = paced_for(w, m)) != NULL) {
+		bool paced = p->relink_delay_ms != 0;
+
+		delay = watch_relink_delay(now, &p->relink_ms, &p->relink_delay_ms);
+		if (p->relink_delay_ms != 0 && !paced)
+			log_info("model \"%s\": links of its files keep changing: each reload of "
+				 "them waits %d s to %d s", name, WATCH_RELINK_MIN_MS / 1000,
+				WATCH_RELINK_MAX_MS / 1000);
+	}
+	mark_dirty(w, name, false, now + delay);
 }
 
 /* One line for the first overflow, then at most one a minute with how
@@ -1159,7 +1226,7 @@ check_everything(struct watch *w)
 {
 	watch_check_modified(w);
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-		mark_dirty(w, m->name, true);
+		mark_dirty(w, m->name, true, 0);
 }
 
 /* Is name a file of m's current or pending generation (or of its origin,
@@ -1249,7 +1316,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		 * says soonest that none may be left (on_writer_timer asks
 		 * it of any file, wherever it is). */
 		if ((ev->mask & NAME_EVENTS) && !unnamed_shard(w, m, dir, ev->name))
-			mark_dirty(w, m->name, false);
+			mark_dirty(w, m->name, false, 0);
 	}
 }
 

@@ -77,6 +77,21 @@ struct watch;
  */
 #define WATCH_WRITER_MS 500
 
+/*
+ * A served file whose link count and ctime alone moved (file_links_moved:
+ * a hard link added or removed beside it, or a write with its mtime put
+ * back hidden behind one) has its model reloaded, its files loaded again
+ * and validated anew (watch_revalidate): WATCH_SETTLE_MS after the first;
+ * a further one within WATCH_RELINK_QUIET_MS of the one before waits
+ * WATCH_RELINK_MIN_MS after it, twice as long at each, up to
+ * WATCH_RELINK_MAX_MS, so that a neighbour's ln/rm loop costs one header
+ * read per minute. Once quiet that long, the next waits the settle time
+ * again. One line says when the pacing begins.
+ */
+#define WATCH_RELINK_MIN_MS 5000
+#define WATCH_RELINK_MAX_MS 60000
+#define WATCH_RELINK_QUIET_MS 60000
+
 /* Starts watching; call watch_sync() whenever models come or go. */
 int watch_start(uv_loop_t *loop, struct registry *r, struct watch **out);
 
@@ -85,6 +100,16 @@ void watch_sync(struct watch *w);
 
 /* Checks every served file against fstat now (also done on each event). */
 void watch_check_modified(struct watch *w);
+
+/* Reloads the model name to load its files again, validated anew, after
+ * a links-only move of one (the registry's relinked hook), paced as
+ * WATCH_RELINK_MIN_MS says. */
+void watch_revalidate(struct watch *w, const char *name);
+
+/* The delay, in ms after now, of the revalidation watch_revalidate asks
+ * now, given its last one's due time (0: none) and delay (updated); the
+ * pacing above, apart for tests. */
+uint64_t watch_relink_delay(uint64_t now, uint64_t *last_ms, uint64_t *delay_ms);
 
 /* Stops; memory is freed from libuv close callbacks. Accepts NULL. */
 void watch_stop(struct watch *w);

@@ -50,6 +50,7 @@ struct dirty_model {
 	uint64_t first_ms;      /* loop time of its first event since its last reload */
 	uint64_t due_ms;        /* loop time its reload is asked for */
 	bool lost;              /* marked only because inotify lost events */
+	bool relink;            /* asked by watch_revalidate alone (its line said so) */
 };
 
 /*
@@ -70,6 +71,8 @@ struct paced_model {
 	uint64_t swaps_ms;    /* loop time the swaps counted below began */
 	unsigned swaps;       /* swaps since swaps_ms (WATCH_BURST_SWAPS) */
 	struct lograte lines; /* its "reloading" lines while delay_ms is not 0 */
+	uint64_t relink_ms;   /* loop time its last revalidation (watch_revalidate) is due; 0: none */
+	uint64_t relink_delay_ms; /* 0, or the least time from one revalidation to the next */
 };
 
 struct watch {

@@ -260,7 +260,8 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 {
 	uint64_t sig = 0, path_sig = watch_stat_sig(j->err[0], &j->st[0]);
 	const char *what = NULL;
-	bool replaced = false, in_place = false;
+	bool replaced = false, in_place = false, relinked = false;
+	size_t relinked_i = 0;
 
 	for (size_t i = 0; i < j->npaths; i++)
 		sig = mix(sig, watch_stat_sig(j->err[i], &j->st[i]));
@@ -294,8 +295,16 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 			in_place = true;
 			if (what == NULL)
 				what = path;
+		} else if (!relinked && file_links_moved(then, &j->st[i])) {
+			relinked = true;
+			relinked_i = i - 1;
 		}
 	}
+	/* Only links moved (a staged copy's source restages instead: its
+	 * origin's ctime, same_inodes): its files are loaded again,
+	 * validated anew, paced; g keeps serving meanwhile. */
+	if (relinked && !replaced && !in_place && g->origin == NULL && g->adopt_st == NULL)
+		registry_relinked(w->reg, g, relinked_i, &j->st[relinked_i + 1]);
 	if (!replaced && !in_place && path_sig == p->dir_sig) {
 		p->last_sig = sig;
 		p->changing = 0;

@@ -261,6 +261,15 @@ file_written_in_place(const struct stat *then, const struct stat *now)
 		file_ctime_moved(then, now);
 }
 
+bool
+file_links_moved(const struct stat *then, const struct stat *now)
+{
+	return now->st_dev == then->st_dev && now->st_ino == then->st_ino &&
+		now->st_size == then->st_size && same_time(&now->st_mtim, &then->st_mtim) &&
+		now->st_nlink != then->st_nlink && now->st_nlink != 0 && then->st_nlink != 0 &&
+		!same_time(&now->st_ctim, &then->st_ctim);
+}
+
 void
 file_close(struct wc_file *f)
 {

@@ -123,6 +123,17 @@ bool file_ctime_moved(const struct stat *then, const struct stat *now);
  * same inode's) shows: its size or mtime moved, or file_ctime_moved? */
 bool file_written_in_place(const struct stat *then, const struct stat *now);
 
+/*
+ * Did only the link count of a file move, as now (the same inode's) shows
+ * against then: the same dev and inode, size and mtime, a link count that
+ * changed (neither zero) and a ctime that moved. A hard link added or
+ * removed beside the file cannot be told from a write with its mtime put
+ * back in the same interval (the write's ctime hides behind the link's):
+ * file_written_in_place says neither, and wcached loads the files again,
+ * validated anew (README, "Updating a model safely"). Never a refusal.
+ */
+bool file_links_moved(const struct stat *then, const struct stat *now);
+
 /* A file time as nanoseconds since the epoch; times past the year 2262 (or
  * before 1678) saturate to INT64_MAX (INT64_MIN) instead of overflowing. */
 int64_t file_time_ns(const struct timespec *t);

@@ -212,6 +212,55 @@ test_check_unchanged(void **state)
 	file_close(&w);
 }
 
+/* A stat with the given link count and ctime (in s), size 100, mtime 7. */
+static struct stat
+stat_of(nlink_t nlink, time_t ctime_s)
+{
+	struct stat st;
+
+	memset(&st, 0, sizeof(st));
+	st.st_dev = 3;
+	st.st_ino = 42;
+	st.st_size = 100;
+	st.st_mtim.tv_sec = 7;
+	st.st_nlink = nlink;
+	st.st_ctim.tv_sec = ctime_s;
+	return st;
+}
+
+/* Only the link count and the ctime moved (a link added or removed beside
+ * the file, which can hide a write with its mtime put back: review rev222
+ * M2): file_links_moved says so; file_ctime_moved and file_written_in_place
+ * still call it no write (rev225 H1: no refusal). */
+static void
+test_links_moved(void **state)
+{
+	struct stat then = stat_of(1, 10), now;
+
+	(void)state;
+	now = stat_of(2, 11);
+	assert_true(file_links_moved(&then, &now)); /* a link added */
+	assert_false(file_ctime_moved(&then, &now));
+	assert_false(file_written_in_place(&then, &now));
+	assert_true(file_links_moved(&now, &then)); /* and removed */
+	now = stat_of(1, 11);
+	assert_false(file_links_moved(&then, &now)); /* chmod or a write: not links */
+	assert_true(file_written_in_place(&then, &now));
+	now = stat_of(2, 10);
+	assert_false(file_links_moved(&then, &now)); /* the ctime did not move */
+	now = stat_of(0, 11);
+	assert_false(file_links_moved(&then, &now)); /* lost its last link */
+	now = stat_of(2, 11);
+	now.st_size = 101;
+	assert_false(file_links_moved(&then, &now)); /* written: its size moved */
+	now = stat_of(2, 11);
+	now.st_mtim.tv_nsec = 1;
+	assert_false(file_links_moved(&then, &now)); /* its mtime moved */
+	now = stat_of(2, 11);
+	now.st_ino = 43;
+	assert_false(file_links_moved(&then, &now)); /* another inode */
+}
+
 /* A head larger than the format's maximum is refused. */
 static void
 test_read_bytes_max_head(void **state)
@@ -348,6 +397,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup,
 			tu_dir_teardown),
 		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, tu_dir_teardown),
+		cmocka_unit_test(test_links_moved),
 		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, tu_dir_teardown),
 		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup,
 			tu_dir_teardown),

@@ -311,6 +311,79 @@ test_mtime_put_back(void **state)
 	assert_int_equal(g->state, GEN_MODIFIED);
 }
 
+/* The watch the registry's relinked hook reloads through, as main.c's. */
+static struct watch *relink_watch;
+
+static void
+on_relinked(struct registry *r, struct model_entry *m)
+{
+	(void)r;
+	watch_revalidate(relink_watch, m->name);
+}
+
+static bool
+relink_answered(struct du *d, void *arg)
+{
+	(void)d;
+	return !((struct generation *)arg)->relink_asked;
+}
+
+/* A hard link added beside a served file (then removed) moves only its
+ * link count and ctime (rev222 M2 hides a write behind it): no refusal
+ * (rev225 H1); the files are loaded again, validated anew, and where
+ * their index is the same the generation keeps serving with their new
+ * fstats, no new generation. */
+static void
+test_link_revalidated(void **state)
+{
+	struct wt *t = *state;
+	struct generation *g = du_current(&t->du, "m");
+	struct model_entry *m = registry_find(&t->du.reg, "m");
+	char ln[4096];
+
+	relink_watch = t->w;
+	t->du.reg.relinked = on_relinked;
+	snprintf(ln, sizeof(ln), "%s.link", t->path);
+	for (int k = 0; k < 2; k++) {
+		usleep(20000); /* past the filesystem's timestamp granularity */
+		assert_int_equal(k == 0 ? link(t->path, ln) : unlink(ln), 0);
+		watch_check_modified(t->w);
+		assert_int_equal(g->state, GEN_READY); /* attachable all along */
+		assert_true(g->relink_asked);
+		assert_int_equal(m->revalidate, 1);
+		du_run_until(&t->du, relink_answered, g);
+		assert_ptr_equal(du_current(&t->du, "m"), g);
+		assert_int_equal(m->revalidate, 0);
+		assert_int_equal(g->source.files[0].st.st_nlink, k == 0 ? 2 : 1);
+		watch_check_modified(t->w); /* adopted: nothing moved since */
+		assert_false(g->relink_asked);
+	}
+	t->du.reg.relinked = NULL;
+}
+
+/* Revalidations a link loop asks: the settle time, then 5 s after the
+ * one before, twice as long each time up to 60 s; quiet for 60 s, the
+ * settle time again. */
+static void
+test_relink_pacing(void **state)
+{
+	uint64_t last = 0, delay = 0, now = 1000000;
+	static const uint64_t want[] = { 100, 5000, 10000, 20000, 40000, 60000, 60000 };
+
+	(void)state;
+	for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
+		uint64_t before = k == 0 ? now : last; /* the one before's due time */
+		uint64_t due = now + watch_relink_delay(now, &last, &delay);
+
+		assert_int_equal(due - before, want[k]);
+		assert_int_equal(last, due);
+		now = due + 1000; /* the next move is seen a second after it */
+	}
+	now = last + WATCH_RELINK_QUIET_MS;
+	assert_int_equal(watch_relink_delay(now, &last, &delay), WATCH_SETTLE_MS);
+	assert_int_equal(delay, 0);
+}
+
 /* A file renamed over the path after the model was opened but before its
  * directory was watched made no event: arming the watch compares the
  * paths with the open files and reloads. */
@@ -882,6 +955,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_renamed_over, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_directory_replaced, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_mtime_put_back, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_link_revalidated, setup, teardown),
+		cmocka_unit_test(test_relink_pacing),
 		cmocka_unit_test(test_renamed_before_watched),
 		cmocka_unit_test_setup_teardown(test_poll_error_concludes_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_poll_interval_shortened, setup, teardown),
