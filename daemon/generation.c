@@ -1254,7 +1254,7 @@ gen_mark_modified(struct registry *r, struct generation *g, const char *file)
 }
 
 int
-gen_relinked_now(struct generation *g, size_t i, const struct stat *now)
+gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say)
 {
 	struct model_entry *m = g->model;
 
@@ -1265,7 +1265,8 @@ gen_relinked_now(struct generation *g, size_t i, const struct stat *now)
 	g->relinked_i = i;
 	g->relinked_st = *now;
 	m->revalidate = g->number;
-	log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime moved "
+	if (say)
+		log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime moved "
 		 "(a hard link added or removed beside it, or a write with its mtime put "
 		 "back): loading its files again, validated anew; generation %" PRIu64
 		 " still serving", g->model_name, file_basename(g->source.files[i].path),
@@ -1276,7 +1277,7 @@ gen_relinked_now(struct generation *g, size_t i, const struct stat *now)
 void
 gen_note_relinked(struct registry *r, struct generation *g, size_t i, const struct stat *now)
 {
-	if (gen_relinked_now(g, i, now) && r->relinked != NULL)
+	if (gen_relinked_now(g, i, now, 1) && r->relinked != NULL)
 		r->relinked(r, g->model);
 }
 

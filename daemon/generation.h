@@ -384,11 +384,12 @@ void gen_mark_modified(struct registry *r, struct generation *g, const char *fil
  * set, the model's revalidate set to g's number, and the registry's
  * relinked hook called (the watch reloads the model, paced); g keeps
  * serving meanwhile. Else nothing (a pending one is checked again once
- * current). gen_relinked_now: the same marks and line, no hook.
+ * current). gen_relinked_now: the same marks, no hook, and the line where
+ * say is set (1 where marked, else 0).
  */
 void gen_note_relinked(struct registry *r, struct generation *g, size_t i,
 	const struct stat *now);
-int gen_relinked_now(struct generation *g, size_t i, const struct stat *now);
+int gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say);
 
 /* A reload found g's files, after a links-only move, with g's own index
  * (validated anew): their fstats then (src's, one per file, the same

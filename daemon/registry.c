@@ -1149,6 +1149,13 @@ registry_relinked(struct registry *r, struct generation *g, size_t i, const stru
 	gen_note_relinked(r, g, i, now);
 }
 
+int
+registry_relinked_now(struct registry *r, struct generation *g, size_t i, const struct stat *now)
+{
+	(void)r;
+	return gen_relinked_now(g, i, now, 0);
+}
+
 void
 registry_mark_gone(struct registry *r, struct generation *g, const char *file, int err)
 {

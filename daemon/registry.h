@@ -638,6 +638,10 @@ void registry_mark_modified(struct registry *r, struct generation *g, const char
  * (file_links_moved): generation.c's gen_note_relinked. */
 void registry_relinked(struct registry *r, struct generation *g, size_t i,
 	const struct stat *now);
+/* The same marks, no line and no hook: the caller reloads the model
+ * (a warm restart's, restore_job.c). 1 where marked, else 0. */
+int registry_relinked_now(struct registry *r, struct generation *g, size_t i,
+	const struct stat *now);
 
 /* Marks g, served where it lies on a remote filesystem, as gone from the
  * server (gen_mark_gone: the served descriptor of file failed an fstat

@@ -76,10 +76,14 @@ files_dir(const char *path, char **dir)
  * (a rename over the file's path drops a link: a held generation's file
  * replaced so is no write). A description that records no ctime (nlink 0:
  * version 4 and before) cannot tell; check_file says so for a current
- * generation.
+ * generation. A ctime that moved with the link count (a hard link added
+ * or removed beside it, file_links_moved) is no change; where relinked is
+ * not NULL (a current generation's file) it is set then: that cannot be
+ * told from a write with its mtime put back, and its files are loaded
+ * again, validated anew, once it serves (restore_job.c's restore_after).
  */
 static const char *
-file_changed(const struct stat *st, const struct fdstore_file *f)
+file_changed(const struct stat *st, const struct fdstore_file *f, bool *relinked)
 {
 	if (!S_ISREG(st->st_mode) || (uint64_t)st->st_dev != f->dev ||
 		(uint64_t)st->st_ino != f->ino || (uint64_t)st->st_size != f->size ||
@@ -89,7 +93,21 @@ file_changed(const struct stat *st, const struct fdstore_file *f)
 		file_time_ns(&st->st_ctim) != f->ctime_ns)
 		return "written in place since it was stored (its ctime moved, its mtime was "
 		       "put back)";
+	if (relinked != NULL && f->nlink != 0 && st->st_nlink != 0 &&
+		(uint64_t)st->st_nlink != f->nlink && file_time_ns(&st->st_ctim) != f->ctime_ns)
+		*relinked = true;
 	return NULL;
+}
+
+/* check_file: file k of p, a current generation's, was linked or unlinked
+ * while no wcached ran (file_changed's relinked): the first one noted. */
+static void
+note_relinked(struct restore_prepared *p, uint32_t k, bool relinked)
+{
+	if (relinked && !p->relinked) {
+		p->relinked = true;
+		p->relinked_k = k;
+	}
 }
 
 /* O(1): the records are checked later (restore_checks, index_check.h). */
@@ -310,6 +328,7 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 	struct stat st;
 	uint64_t size;
 	int fd = p->fds[k], fl, staged, r = 0;
+	bool relinked = false, *current = g->role == FDSTORE_CURRENT ? &relinked : NULL;
 
 	if (fd < 0)
 		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k,
@@ -319,7 +338,7 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 			"description", k);
 	if (fstat(fd, &st) == -1)
 		return error_set(-errno, "file %s: fstat: %s", fname, strerror(errno));
-	if ((changed = file_changed(&st, f)) != NULL)
+	if ((changed = file_changed(&st, f, current)) != NULL)
 		return error_set(-EINVAL, "file %s: %s", fname, changed);
 	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
@@ -344,7 +363,7 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 		return -EINVAL;
 	} else if (g->role == FDSTORE_CURRENT && !p->moved &&
 		((r = mountrule_stat(walk, full, &st, why, sizeof(why))) == -1 ||
-			file_changed(&st, f) != NULL)) {
+			file_changed(&st, f, NULL) != NULL)) {
 		/* Another file at its name (a held generation's files were
 		 * replaced: that is why it is old); the stored one is intact
 		 * (its fstat above): served, and the path loaded after it as a
@@ -371,7 +390,8 @@ check_file(struct restore_prepared *p, struct mountrule_walk *walk, const char *
 		/* The stat the generation keeps, which later checks compare
 		 * with (watch.c), is the one compared here: a write between
 		 * the fstat above and this one is not taken as the baseline. */
-		if ((changed = file_changed(&p->src.files[k].st, f)) == NULL) {
+		if ((changed = file_changed(&p->src.files[k].st, f, current)) == NULL) {
+			note_relinked(p, k, relinked);
 			free(full);
 			return 0;
 		}

@@ -169,6 +169,12 @@ struct restore_prepared {
 	 * keep its tree (restore_after). Before, the model loaded afresh as
 	 * the operator's load, whoever made those files (review rev195 M1). */
 	bool moved;
+	/* A current generation's file relinked_k (the first) was linked or
+	 * unlinked while no wcached ran (restore_check.c's file_changed): its
+	 * files are loaded again, validated anew, once it serves
+	 * (restore_after). */
+	bool relinked;
+	uint32_t relinked_k;
 	struct stat path_st;
 	/* Filled by restore_work() for the current generation that passed:
 	 * the realpath of the model's path, the same before and after the

@@ -680,6 +680,36 @@ reload_moved(struct registry *r, const char *name, uint64_t number, const char *
 }
 
 /*
+ * Loop thread: the restored generation number of the model name serves,
+ * and file k of it was linked or unlinked while no wcached ran (its ctime
+ * moved with its link count: restore_check.c's file_changed), which cannot
+ * be told from a write with its mtime put back: its files are loaded again,
+ * validated anew, as the running wcached does (registry_relinked_now, then
+ * a reload wcached makes by itself, which keeps its tree and takes only
+ * its own files): the same index keeps it serving, another is the next
+ * generation, files that no longer validate mark it modified. Once per
+ * restart, not paced.
+ */
+static void
+reload_relinked(struct registry *r, const char *name, uint64_t number, uint32_t k)
+{
+	struct model_entry *e = registry_find(r, name);
+	struct generation *g = e != NULL ? e->current : NULL;
+
+	if (g == NULL || g->number != number || k >= g->source.nfiles)
+		return;
+	if (!registry_relinked_now(r, g, k, &g->source.files[k].st))
+		return;
+	log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor store, "
+		 "but %s was linked or unlinked while wcached was down (its ctime moved with its "
+		 "link count): its files are loaded again, validated anew", name, number,
+		file_basename(g->source.files[k].path));
+	if (registry_reload_watched(r, name, NULL, NULL) < 0)
+		log_warnx("%s; generation %" PRIu64 " serves until `wcachectl reload %s`",
+			error_get(), number, name);
+}
+
+/*
  * Loop thread: the model name of j is not restored (why), and its path
  * goes through a place others may rename entries in (place; mount: a
  * mount a walk refused, a user's FUSE mount, said as such):
@@ -934,6 +964,8 @@ restore_after(struct workq_job *w, int status)
 			e != NULL && e->current != NULL ? e->current->bytes : 0);
 		if (j->gens[0].moved)
 			reload_moved(r, m->name, g->number, j->gens[0].moved_why);
+		else if (j->gens[0].relinked)
+			reload_relinked(r, m->name, g->number, j->gens[0].relinked_k);
 		/* Serving began: its full check starts now, not 100 ms after. */
 		if (restore_state.checks_begun)
 			restore_checks(r);

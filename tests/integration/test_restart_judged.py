@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, mkmodel, wait_until
+from conftest import Daemon, binary, mkmodel, wait_until
 from ctlutil import ctl, model_entry
 from fusehang import HangFS, blocked_in_fuse, neighbours_place
 from remotefs import RemoteFS  # tests/pyutil, on the path conftest set
@@ -445,6 +445,64 @@ def alices_file_in_a_team_place(tmp_path):
     m = mkmodel(os.path.join(team, "m.safetensors"), seed=1)
     os.chown(m, ALICE_UID, GROUP)
     return team, m
+
+
+@pytest.mark.parametrize("written", [False, True], ids=["linked", "linked+written"])
+@pytest.mark.parametrize("where", ["private", "team"])
+def test_a_link_made_while_down_is_loaded_again_at_the_restart(tmp_path, where, written):
+    """review rev222 M2 across a restart: alice's file, its generation
+    stored, gets a second name while wcached is down (and is written in
+    place at its size, a new header and data, its mtime put back). Its
+    ctime moved with its link count, which cannot be told from a write:
+    generation 1 is restored, and its files are loaded again, validated
+    anew, with no wait for the operator (the restored generation's own
+    files, proved by the held descriptors), in her own directory and in a
+    team place (2775) alike: the same index keeps generation 1 serving; a
+    new header serves as generation 2, its bytes checked by a worker.
+    Before, generation 1 was restored "not read again", serving a header
+    no load read."""
+    if where == "team":
+        place, m = alices_file_in_a_team_place(tmp_path)
+    else:
+        place = made_by(tmp_path / "alice", ALICE_UID)
+        m = mkmodel(os.path.join(place, "m.safetensors"), seed=1)
+        os.chown(m, ALICE_UID, GROUP)
+    with open(mkmodel(tmp_path / "seed2.safetensors", seed=2), "rb") as f:
+        data = f.read()
+
+    def stored_1(d, mgr):
+        alice_stored(d, mgr)
+        mgr.wait_for(lambda s: "wc-1-1-i" in s.store, what="generation 1 stored")
+
+    def linked_while_down(mgr):
+        st = os.stat(m)
+        time.sleep(0.05)   # a ctime of a later clock tick than the stored one
+        os.link(m, os.path.join(place, "m.second"))
+        if written:
+            assert len(data) == st.st_size
+            with open(m, "r+b") as f:
+                f.write(data)
+            os.utime(m, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    d, mgr = restart_stored(tmp_path, {"alice": m}, linked_while_down, stored_1)
+    with stopped_after(d, mgr):
+        d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store, '
+                       r'but m\.safetensors was linked or unlinked while wcached was down',
+                       timeout=60)
+        if written:
+            d.wait_for_log(r'model "alice": generation 2 is current', timeout=60)
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--repeat", "1",
+                                "--check", "alice"], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, r.stdout + r.stderr
+        else:
+            d.wait_for_log(r'model "alice": generation 1: its files, loaded again after a link '
+                           r'count change, validated anew: unchanged', timeout=60)
+        wait_until(lambda: "generation %d," % (2 if written else 1) in
+                   d.attach("alice").stdout, what="alice served")
+        log = d.read_log()
+        assert "wcachectl reload alice" not in log, log
+        assert written or 'model "alice": generation 2' not in log, log
 
 
 @pytest.mark.parametrize("change", ["linked", "unlinked"])
