@@ -39,6 +39,59 @@ int diracl_named_write(const unsigned char *buf, size_t len, uid_t owner);
 int diracl_nfs4_write(const unsigned char *buf, size_t len);
 
 /*
+ * A file's access ACL, as diracl_file_acl read it: kind DIRACL_NONE (the
+ * mode tells all), DIRACL_POSIX (value: system.posix_acl_access's bytes),
+ * DIRACL_NFS4 (value: system.nfs4_acl's) or DIRACL_UNTOLD (one that could
+ * not be read: no one but the owner reads by it).
+ */
+enum diracl_kind { DIRACL_NONE, DIRACL_POSIX, DIRACL_NFS4, DIRACL_UNTOLD };
+
+struct diracl_value {
+	enum diracl_kind kind;
+	size_t len;
+	unsigned char *value; /* malloc'd, len bytes; NULL but for POSIX, NFS4 */
+};
+
+/*
+ * Reads the access ACL of the file open as fd (not O_PATH) into *acl: one
+ * fgetxattr of system.posix_acl_access; where the filesystem has no POSIX
+ * ACLs (ENOTSUP), one of system.nfs4_acl (NFS). None where neither is
+ * there (ENODATA, ENOTSUP); DIRACL_UNTOLD on any other error, a value past
+ * 4 KiB or no memory. diracl_value_free frees what it read.
+ */
+void diracl_file_acl(int fd, struct diracl_value *acl);
+void diracl_value_free(struct diracl_value *acl);
+
+/*
+ * Whether uid, in the groups gids (ngids of them), may read the file whose
+ * fstat is st by its access ACL acl, as the kernel checks it (review rev226
+ * H1): a POSIX ACL (POSIX.1e): uid the owner, the owner's entry; a named
+ * user entry for uid, its bits and the mask's; else where any group entry
+ * (the owning group's or a named one) matches one of gids, whether one of
+ * those grants read (through the mask); else the other entry. An NFSv4 ACL:
+ * its ACEs in order (ALLOW and DENY, not INHERIT_ONLY, with READ_DATA):
+ * OWNER@ matches the owner, GROUP@ the owning group's members, EVERYONE@
+ * anyone; the first that matches decides, none denies; an ACE naming a
+ * user or group (alice@dom) before it cannot be told and denies. DIRACL_NONE
+ * asks the mode's classes as the kernel does. 0 also for a value that is
+ * not such an ACL (ragged, another version, a base entry or the mask twice,
+ * a base entry missing, an unknown tag) and for DIRACL_UNTOLD: it fails closed.
+ */
+int diracl_may_read(const struct diracl_value *acl, const struct stat *st, uid_t uid,
+	const gid_t *gids, int ngids);
+
+/*
+ * Whether every user but the file's owner may read it (gid (gid_t)-1), or
+ * every member of the group gid, by acl (diracl_may_read's rules): a POSIX
+ * ACL's named users all read; gid's group entry reads, or no group entry
+ * names gid and every group entry and the other entry read (everyone: all
+ * group entries and the other). An NFSv4 ACL: an EVERYONE@ ALLOW (or, for
+ * gid the owning group, a GROUP@ one) before any DENY that may match. 0
+ * where the ACL cannot be told.
+ */
+int diracl_all_read(const struct diracl_value *acl, const struct stat *st, gid_t gid);
+
+/*
  * st, the fstat of the directory open as fd (any descriptor, O_PATH too;
  * or -1 with path naming it, asked by name), with S_IWOTH added where its
  * access ACL lets a named user or group write (diracl_named_write): such a

@@ -155,11 +155,14 @@ struct load_request {
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
-	/* Whether each of source's files has an access ACL, asked of its
+	/* Each of source's files' access ACL (diracl_file_acl), read from its
 	 * descriptor the first time a rule needs it (file_acl) and kept for
-	 * the rest of the load: 0 not asked, 1 none, 2 one (or it cannot be
-	 * told). NULL until asked; freed with the files (drop_opened). */
-	unsigned char *files_acl;
+	 * the rest of the load: kind 0 (DIRACL_NONE) with len 1 once read, len
+	 * 0 not asked yet. NULL until asked, then nfiles_acl of them (the
+	 * source's nfiles then: gen_new takes the source); freed with the
+	 * files (drop_opened, files_acl_free). */
+	struct diracl_value *files_acl;
+	size_t nfiles_acl;
 	int *served_fds;      /* gen_open_served(), one per file */
 	int index_fd;
 	/* A watched reload of a model that nothing serves, judged against
@@ -592,24 +595,47 @@ owner_groups_look(uid_t uid, struct owner_groups *g)
 }
 
 /*
- * Whether the file of q that file_of numbers i has an access ACL
- * (file_has_acl): a shard index's as it was read (model_source's
- * index_acl); a model file's asked of its descriptor the first time a rule
- * needs it, then kept in q->files_acl for the rest of the load: linked_in
- * and index_owner_reads judge each shard, and each asked it again (an
- * fgetxattr each, up to three a shard). Work queue thread: on a remote
- * filesystem the server answers it.
+ * The access ACL of the file of q that file_of numbers i (diracl_file_acl):
+ * a model file's read from its descriptor the first time a rule needs it,
+ * then kept in q->files_acl for the rest of the load: linked_in and
+ * index_owner_reads judge each shard, and each asked it again (an
+ * fgetxattr each, up to three a shard). A shard index's is only known to
+ * be there or not (model_source's index_acl): one there, or no memory to
+ * keep it, cannot be told (no one else reads by it). Work queue thread: on
+ * a remote filesystem the server answers it.
  */
-static int
+static const struct diracl_value *
 file_acl(struct load_request *q, size_t i)
 {
+	static const struct diracl_value none = { .kind = DIRACL_NONE },
+		untold = { .kind = DIRACL_UNTOLD };
+	struct diracl_value *v;
+
 	if (i >= q->source.nfiles)
-		return q->source.index_acl;
-	if (q->files_acl == NULL && (q->files_acl = calloc(q->source.nfiles, 1)) == NULL)
-		return file_has_acl(q->source.files[i].fd);
-	if (q->files_acl[i] == 0)
-		q->files_acl[i] = file_has_acl(q->source.files[i].fd) ? 2 : 1;
-	return q->files_acl[i] == 2;
+		return q->source.index_acl ? &untold : &none;
+	if (q->files_acl == NULL) {
+		if ((q->files_acl = calloc(q->source.nfiles, sizeof(*q->files_acl))) == NULL)
+			return &untold;
+		q->nfiles_acl = q->source.nfiles;
+	}
+	v = &q->files_acl[i];
+	if (v->kind == DIRACL_NONE && v->len == 0) {
+		diracl_file_acl(q->source.files[i].fd, v);
+		if (v->kind == DIRACL_NONE)
+			v->len = 1;
+	}
+	return v;
+}
+
+/* Frees q->files_acl, the ACLs file_acl kept. */
+static void
+files_acl_free(struct load_request *q)
+{
+	for (size_t i = 0; q->files_acl != NULL && i < q->nfiles_acl; i++)
+		diracl_value_free(&q->files_acl[i]);
+	free(q->files_acl);
+	q->files_acl = NULL;
+	q->nfiles_acl = 0;
 }
 
 /*
@@ -623,28 +649,29 @@ file_acl(struct load_request *q, size_t i)
  * database), a mode whose classes differ is no read right. Where the file
  * has an access ACL (file_acl), its group bits are the ACL's mask, not its
  * group's right (root's 0600 file with `u:wcached:r` reads 0640: review
- * rev222 H2): ACLs are not read, so only a file both classes may read is
- * readable.
+ * rev222 H2), and a 0644 file may deny her by name (`u:alice:-`: review
+ * rev226 H1): the ACL decides, as the kernel reads it (diracl_may_read),
+ * whatever the mode; one that cannot be told is no read right.
  */
 static int
 owner_may_read(struct load_request *q, size_t i, uid_t uid, struct owner_groups *g)
 {
 	const struct stat *st;
 	const char *name;
-	int grp, oth, in = 0;
+	const struct diracl_value *acl;
+	int grp, oth;
 
 	(void)file_of(q, i, &st, &name);
+	acl = file_acl(q, i);
 	grp = (st->st_mode & S_IRGRP) != 0;
 	oth = (st->st_mode & S_IROTH) != 0;
-	if (grp == oth || file_acl(q, i))
+	if (acl->kind == DIRACL_NONE && grp == oth)
 		return grp && oth;
 	if (!g->looked)
 		owner_groups_look(uid, g);
 	if (g->n == 0)
 		return 0; /* getgrouplist always names the primary group */
-	for (int k = 0; k < g->n && !in; k++)
-		in = g->list[k] == st->st_gid;
-	return in ? grp : oth;
+	return diracl_may_read(acl, st, uid, g->list, g->n);
 }
 
 /*
@@ -652,22 +679,20 @@ owner_may_read(struct load_request *q, size_t i, uid_t uid, struct owner_groups 
  * index_acl) but its owner could read q's shard i by its mode, as
  * owner_may_read asks it of one user: where the others may write the
  * index, or a group class that an ACL names (its group bits are the mask),
- * a file both classes may read; where only its group may, that, or a file
- * of the same group that its group may read (and no ACL, file_acl: its
- * group bits would be a mask). An index no one else may write needs
- * nothing (review rev222 H1).
+ * a file every user may read; where only its group may, one every member
+ * of its group may read (diracl_all_read: the mode, or the file's ACL where
+ * it has one: `g:GROUP:-` on a 0644 file denies GROUP, review rev226 H1).
+ * An index no one else may write needs nothing (review rev222 H1).
  */
 static int
 index_writers_read(struct load_request *q, size_t i)
 {
 	const struct stat *ix = &q->source.index_st, *f = &q->source.files[i].st;
-	int all = (f->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH);
 
 	if ((ix->st_mode & S_IWOTH) != 0 || ((ix->st_mode & S_IWGRP) != 0 && q->source.index_acl))
-		return all;
+		return diracl_all_read(file_acl(q, i), f, (gid_t)-1);
 	if ((ix->st_mode & S_IWGRP) != 0)
-		return all || (f->st_gid == ix->st_gid && (f->st_mode & S_IRGRP) != 0 &&
-			!file_acl(q, i));
+		return diracl_all_read(file_acl(q, i), f, ix->st_gid);
 	return 1;
 }
 
@@ -2382,10 +2407,9 @@ drop_opened(struct load_request *q)
 	if (q->index_fd >= 0)
 		close(q->index_fd);
 	q->index_fd = -1;
+	files_acl_free(q);
 	gen_close_files(q->r, &q->fs, q->served_fds, &q->source);
 	q->served_fds = NULL;
-	free(q->files_acl);
-	q->files_acl = NULL;
 }
 
 /* Notes where q's source files came from (path and stat at open), for the

@@ -28,8 +28,10 @@
  *   9 $JOURNAL_STREAM's value    log_journal_stream_parse(), and
  *                                decimal_u64() of the whole
  *  10 a directory's              diracl_named_write(), for two owners;
- *     system.posix_acl_access,   and diracl_nfs4_write() of the same bytes
- *     or its system.nfs4_acl
+ *     system.posix_acl_access,   and diracl_nfs4_write() of the same bytes;
+ *     or its system.nfs4_acl     diracl_may_read() and diracl_all_read()
+ *                                of them as either kind, for users and
+ *                                groups (a file's, review rev226 H1)
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a cgroup, mountinfo or limit file given whole and given line by line,
@@ -86,7 +88,15 @@
  *     and L bytes rounded up to a multiple of 4, ending at the value's
  *     end; then 1 where an ACE of type 0 without flag 8 has access bit
  *     2, 4, 0x40, 0x40000 or 0x80000 and its L bytes are not "OWNER@";
- *     else 0.
+ *     else 0;
+ *   - a file's POSIX ACL value read for a user: 0 unless it is such a
+ *     value with tags 1, 2, 4, 8, 0x10 and 0x20 only, 1, 4 and 0x20 once
+ *     each and 0x10 at most once; then the owner's entry (tag 1) for the
+ *     owner, a tag 2 entry of the user's id with the mask (7 where none),
+ *     any tag 4 (the file's group) or 8 entry of one of the user's groups
+ *     (bit 4 and the mask's) where one matches, else the tag 0x20 entry;
+ *     and where diracl_all_read() says every user (or every member of a
+ *     group) reads, diracl_may_read() says so of one (in that group).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -928,14 +938,81 @@ oracle_nfs4(const uint8_t *b, size_t len)
 	return at < len || lets;
 }
 
+/* This file's own reading of a file's POSIX ACL value for uid (not the
+ * file's owner 1000 unless uid is) in the groups gids (n), file group 50. */
+static int
+oracle_read(const uint8_t *b, size_t len, uint32_t uid, const uint32_t *gids, int n)
+{
+	int count[0x21] = { 0 }, user = -1, matched = 0, grants = 0;
+	unsigned mask = 7, owner = 0, other = 0;
+
+	if (len < 4 || (len - 4) % 8 != 0 ||
+		(b[0] | b[1] << 8 | b[2] << 16 | (uint32_t)b[3] << 24) != 2)
+		return 0;
+	for (size_t at = 4; at < len; at += 8) {
+		unsigned tag = b[at] | b[at + 1] << 8, perm = b[at + 2] | b[at + 3] << 8;
+		uint32_t id = b[at + 4] | b[at + 5] << 8 | b[at + 6] << 16 |
+			(uint32_t)b[at + 7] << 24;
+
+		if (tag != 1 && tag != 2 && tag != 4 && tag != 8 && tag != 0x10 && tag != 0x20)
+			return 0;
+		count[tag]++;
+		if (tag == 1)
+			owner = perm;
+		if (tag == 0x10)
+			mask = perm;
+		if (tag == 0x20)
+			other = perm;
+		if (tag == 2 && id == uid && user < 0)
+			user = (int)perm;
+	}
+	if (count[1] != 1 || count[4] != 1 || count[0x20] != 1 || count[0x10] > 1)
+		return 0;
+	if (uid == 1000)
+		return (owner & 4) != 0;
+	if (user >= 0)
+		return ((unsigned)user & mask & 4) != 0;
+	for (size_t at = 4; at < len; at += 8) {
+		unsigned tag = b[at] | b[at + 1] << 8, perm = b[at + 2] | b[at + 3] << 8;
+		uint32_t id = tag == 4 ? 50 : b[at + 4] | b[at + 5] << 8 | b[at + 6] << 16 |
+			(uint32_t)b[at + 7] << 24;
+
+		for (int k = 0; k < n && (tag == 4 || tag == 8); k++)
+			if (gids[k] == id) {
+				matched = 1;
+				grants |= (perm & mask & 4) != 0;
+			}
+	}
+	return matched ? grants : (other & 4) != 0;
+}
+
 static void
 check_acl(const char *text, size_t len)
 {
 	const uint8_t *b = (const uint8_t *)text;
+	struct diracl_value posix = { .kind = DIRACL_POSIX, .len = len, .value = (uint8_t *)b };
+	struct diracl_value nfs4 = { .kind = DIRACL_NFS4, .len = len, .value = (uint8_t *)b };
+	struct stat st = { .st_uid = 1000, .st_gid = 50, .st_mode = S_IFREG | 0644 };
+	/* users of the ids and groups a value's bytes most likely hold */
+	static const uint32_t uids[] = { 1000, 1001, 0, 0xffffffff };
+	static const uint32_t gsets[][2] = { { 40, 40 }, { 50, 50 }, { 60, 50 }, { 0, 0 } };
 
 	CHECK(diracl_named_write(b, len, 1000) == oracle_acl(b, len, 1000));
 	CHECK(diracl_named_write(b, len, 0) == oracle_acl(b, len, 0));
 	CHECK(diracl_nfs4_write(b, len) == oracle_nfs4(b, len));
+	for (size_t u = 0; u < sizeof(uids) / sizeof(uids[0]); u++)
+		for (size_t g = 0; g < sizeof(gsets) / sizeof(gsets[0]); g++) {
+			gid_t gids[2] = { gsets[g][0], gsets[g][1] };
+			int r = diracl_may_read(&posix, &st, uids[u], gids, 2);
+
+			CHECK(r == oracle_read(b, len, uids[u], gsets[g], 2));
+			if (uids[u] != 1000 && (diracl_all_read(&posix, &st, (gid_t)-1) ||
+				(gids[0] == gids[1] && diracl_all_read(&posix, &st, gids[0]))))
+				CHECK(r == 1);
+			(void)diracl_may_read(&nfs4, &st, uids[u], gids, 2);
+		}
+	(void)diracl_all_read(&nfs4, &st, (gid_t)-1);
+	(void)diracl_all_read(&nfs4, &st, 50);
 }
 
 int

@@ -741,3 +741,73 @@ def test_each_shards_acl_is_asked_once_a_load(tmp_path, users_known):
              if 'fgetxattr(' in line and '"system.posix_acl_access"' in line]
     for path in shards + [index]:
         assert sum("<%s>" % path in line for line in calls) == 1, (path, calls)
+
+
+# POSIX ACL entries (tag, perm, id) for set_acl: user::rw-, then those named, mask::r--.
+ACL_OBJ = 0xffffffff
+
+
+def alice_cat(path):
+    """Whether alice (GROUP) may read path, as the kernel says."""
+    return subprocess.run(as_user(ALICE_UID, GROUP) + ["cat", path],
+                          capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("layout", ["team-place-roots-shard", "roots-v1-in-place"])
+@pytest.mark.parametrize("acl", ["u-alice-none", "u-alice-r"])
+def test_her_index_naming_a_file_its_acl_decides(tmp_path, users_known, layout, acl):
+    """Review rev226 H1: root's 0644 file with `u:alice:---` (group::r--,
+    mask::r--, other::r--) reads 0644, and the kernel refuses alice (the
+    named entry comes before other): owner_may_read judged it by the mode's
+    classes, which agree, and never read the ACL: her index naming it was
+    served as her generation 2. The ACL is read as the kernel reads it:
+    refused. The allow case (u-alice-r): root's 0640 root:wcached file with
+    `u:alice:r--` (other::---), which she may read: before, an ACL meant
+    "both classes must read" (refused); now it loads."""
+    deny = acl == "u-alice-none"
+    d0, secret, put = her_index_layout(tmp_path, layout, mode=0o644 if deny else 0o640)
+    set_acl(secret, [(0x01, 6, ACL_OBJ), (0x02, 0 if deny else 4, ALICE_UID),
+                     (0x04, 4, ACL_OBJ), (0x10, 4, ACL_OBJ), (0x20, 4 if deny else 0, ACL_OBJ)])
+    assert os.stat(secret).st_mode & 0o7777 == (0o644 if deny else 0o640)
+    assert alice_cat(secret) != deny
+    with llama_warm(tmp_path, d0) as d:
+        as_alice(put, d0)
+        if deny:
+            line = secret_not_served(d, secret, layout, r"its |.* may not read|generation 2 ")
+            assert "%s is owned by uid 0 (mode 0644, group %d), which uid %d, the owner of " \
+                "its shard index" % (secret, WCACHED_GID, ALICE_UID) in line, line
+        else:
+            _, line = d.wait_for_log(r'model "llama": (its |.* may not read|'
+                                     r'generation 2 is current)')
+            assert "generation 2 is current" in line, d.read_log()
+
+
+@pytest.mark.parametrize("place", ["bobs-0755-dir", "roots-0755-slot"])
+@pytest.mark.parametrize("acl", ["g-group-none", "g-group-r"])
+def test_group_writable_index_naming_a_file_its_acl_decides(tmp_path, users_known, place, acl):
+    """Review rev226 H1 through index_writers_read: the owner's 0644 file
+    (OWNER:wcached) beside his 0664 OWNER:GROUP index, its ACL
+    `group:GROUP:---`: alice, of GROUP, a writer of the index, may not
+    read it; her in-place rewrite naming it was served (the mode's classes
+    agree). Now refused. The allow case (g-group-r): a 0640 file
+    (other::---) with `group:GROUP:r--`, which every member of GROUP may
+    read: before, refused (an ACL and another group); now it loads."""
+    deny = acl == "g-group-none"
+    d0, secret, put = writers_index_layout(tmp_path, place, secret_mode=0o644 if deny else 0o640)
+    set_acl(secret, [(0x01, 6, ACL_OBJ), (0x04, 4, ACL_OBJ), (0x08, 0 if deny else 4, GROUP),
+                     (0x10, 4, ACL_OBJ), (0x20, 4 if deny else 0, ACL_OBJ)])
+    assert os.stat(secret).st_mode & 0o7777 == (0o644 if deny else 0o640)
+    assert alice_cat(secret) != deny
+    with llama_warm(tmp_path, d0) as d:
+        as_alice(put, d0)
+        if deny:
+            line = secret_not_served(d, secret, place, r"its |.* may not read|.* may write|"
+                                     r"generation 2 ")
+            assert "%s (mode 0644, group %d) is named by the shard index %s (mode 0664, " \
+                "group %d), which users who may not read that file may write" % (
+                    secret, WCACHED_GID, os.path.join(d0, "model.safetensors.index.json"),
+                    GROUP) in line, line
+        else:
+            _, line = d.wait_for_log(r'model "llama": (its |.* may not read|.* may write|'
+                                     r'generation 2 is current)')
+            assert "generation 2 is current" in line, d.read_log()

@@ -19,7 +19,12 @@
  * directory, which the mode does not show (review rev212 M1); OWNER@'s,
  * read-only ones, INHERIT_ONLY and DENY ACEs do not; a value that is not
  * one, or cannot be read, fails closed; none (ENODATA, ENOTSUP: NFSv3)
- * leaves the mode to tell.
+ * leaves the mode to tell. And who may read a file by its ACL (review
+ * rev226 H1): diracl_may_read and diracl_all_read on POSIX ACL values (a
+ * named user or group denied on a 0644 file, one given read on a 0600 or
+ * 0640 file, the mask) and NFSv4 ones (ACEs in order), the mode where
+ * there is none, values that are not ACLs failing closed; diracl_file_acl
+ * on real files.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -524,6 +529,238 @@ test_a_directory_models_own_directory_is_folded(void **state)
 	tu_rmtree(top);
 }
 
+/* diracl_may_read of the POSIX ACL e on a file of OWNER, group 50 (mode
+ * 0644: the mode is not asked where there is an ACL), for uid in gids. */
+static int
+may_read(const uint32_t *e, uid_t uid, const gid_t *gids, int ngids)
+{
+	struct acl a = acl_of(2, e);
+	struct diracl_value v = { .kind = DIRACL_POSIX, .len = a.len, .value = a.b };
+	struct stat st = { .st_uid = OWNER, .st_gid = 50, .st_mode = S_IFREG | 0644 };
+
+	return diracl_may_read(&v, &st, uid, gids, ngids);
+}
+
+static int
+all_read(const uint32_t *e, gid_t gid)
+{
+	struct acl a = acl_of(2, e);
+	struct diracl_value v = { .kind = DIRACL_POSIX, .len = a.len, .value = a.b };
+	struct stat st = { .st_uid = OWNER, .st_gid = 50, .st_mode = S_IFREG | 0644 };
+
+	return diracl_all_read(&v, &st, gid);
+}
+
+/* Review rev226 H1: the ACL as the kernel reads it (POSIX.1e 23.1.5). */
+static void
+test_may_read(void **state)
+{
+	/* 0644 with u:alice(1001):---: alice refused, bob (1002) and the
+	 * owner read. */
+	const uint32_t deny_alice[] = { USER_OBJ, 6, ANY, USER, 0, 1001, GROUP_OBJ, 4, ANY,
+		MASK, 4, ANY, OTHER, 4, ANY, 0 };
+	/* 0644 with g:60:---: a member of 60 refused, unless also in 50
+	 * (group::r--: one matching group entry that grants is enough). */
+	const uint32_t deny_60[] = { USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, GROUP, 0, 60,
+		MASK, 4, ANY, OTHER, 4, ANY, 0 };
+	/* 0600 + u:alice:r--, mask r--; and the mask --- (chmod g-r) */
+	const uint32_t alice_r[] = { USER_OBJ, 6, ANY, USER, 4, 1001, GROUP_OBJ, 0, ANY,
+		MASK, 4, ANY, OTHER, 0, ANY, 0 };
+	const uint32_t alice_r_masked[] = { USER_OBJ, 6, ANY, USER, 4, 1001, GROUP_OBJ, 0, ANY,
+		MASK, 0, ANY, OTHER, 0, ANY, 0 };
+	/* rev222 H2: 0600 root:50 given to 1003 alone (group::---, mask r--) */
+	const uint32_t given[] = { USER_OBJ, 6, ANY, USER, 4, 1003, GROUP_OBJ, 0, ANY,
+		MASK, 4, ANY, OTHER, 0, ANY, 0 };
+	/* no mask: the named entries' own bits; the owner's user_obj */
+	const uint32_t nomask[] = { USER_OBJ, 0, ANY, USER, 4, 1001, GROUP_OBJ, 0, ANY,
+		OTHER, 0, ANY, 0 };
+	const gid_t g40[] = { 40 }, g60[] = { 60 }, g50_60[] = { 60, 50 };
+
+	(void)state;
+	assert_int_equal(may_read(deny_alice, 1001, g40, 1), 0);
+	assert_int_equal(may_read(deny_alice, 1002, g40, 1), 1);
+	assert_int_equal(may_read(deny_alice, OWNER, g40, 1), 1);
+	assert_int_equal(may_read(deny_60, 1001, g60, 1), 0);
+	assert_int_equal(may_read(deny_60, 1001, g50_60, 2), 1);
+	assert_int_equal(may_read(deny_60, 1001, g40, 1), 1);
+	assert_int_equal(may_read(alice_r, 1001, g40, 1), 1);
+	assert_int_equal(may_read(alice_r, 1002, g40, 1), 0);
+	assert_int_equal(may_read(alice_r_masked, 1001, g40, 1), 0);
+	assert_int_equal(may_read(given, 1001, (const gid_t[]){ 50 }, 1), 0);
+	assert_int_equal(may_read(given, 1003, (const gid_t[]){ 50 }, 1), 1);
+	assert_int_equal(may_read(nomask, 1001, g40, 1), 1);
+	assert_int_equal(may_read(nomask, OWNER, g40, 1), 0);
+}
+
+static void
+test_all_read(void **state)
+{
+	const uint32_t deny_alice[] = { USER_OBJ, 6, ANY, USER, 0, 1001, GROUP_OBJ, 4, ANY,
+		MASK, 4, ANY, OTHER, 4, ANY, 0 };
+	const uint32_t deny_60[] = { USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, GROUP, 0, 60,
+		MASK, 4, ANY, OTHER, 4, ANY, 0 };
+	/* 0640 + g:60:r--: every member of 60 reads; not everyone */
+	const uint32_t g60_r[] = { USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, GROUP, 4, 60,
+		MASK, 4, ANY, OTHER, 0, ANY, 0 };
+	/* 0644 + u:alice:r--, g:60:r--: everyone */
+	const uint32_t all[] = { USER_OBJ, 6, ANY, USER, 4, 1001, GROUP_OBJ, 4, ANY, GROUP, 4,
+		60, MASK, 4, ANY, OTHER, 4, ANY, 0 };
+
+	(void)state;
+	assert_int_equal(all_read(deny_alice, (gid_t)-1), 0);
+	assert_int_equal(all_read(deny_alice, 50), 0); /* alice may be in 50 */
+	assert_int_equal(all_read(deny_60, (gid_t)-1), 0);
+	assert_int_equal(all_read(deny_60, 60), 0);
+	assert_int_equal(all_read(deny_60, 50), 1);
+	assert_int_equal(all_read(g60_r, 60), 1);
+	assert_int_equal(all_read(g60_r, 50), 1);
+	assert_int_equal(all_read(g60_r, 70), 0);
+	assert_int_equal(all_read(g60_r, (gid_t)-1), 0);
+	assert_int_equal(all_read(all, (gid_t)-1), 1);
+	assert_int_equal(all_read(all, 70), 1);
+}
+
+/* No ACL: the mode's classes, as the kernel reads them; one that could
+ * not be read, or a value that is not one, reads for no one else. */
+static void
+test_read_by_mode_and_fails_closed(void **state)
+{
+	struct diracl_value none = { .kind = DIRACL_NONE }, untold = { .kind = DIRACL_UNTOLD };
+	struct stat st = { .st_uid = OWNER, .st_gid = 50, .st_mode = S_IFREG | 0604 };
+	struct acl ok = acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY,
+		OTHER, 4, ANY, 0 });
+	struct acl bad[] = {
+		acl_of(1, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, OTHER, 4, ANY,
+			0 }),
+		acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, 0 }),
+		acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, OTHER, 4, ANY,
+			OTHER, 4, ANY, 0 }),
+		acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, 0x40, 4, ANY,
+			OTHER, 4, ANY, 0 }),
+		acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, GROUP_OBJ, 4, ANY, MASK, 4, ANY,
+			MASK, 4, ANY, OTHER, 4, ANY, 0 }),
+	};
+	struct diracl_value v = { .kind = DIRACL_POSIX, .len = ok.len, .value = ok.b };
+
+	(void)state;
+	assert_int_equal(diracl_may_read(&none, &st, 1001, (const gid_t[]){ 40 }, 1), 1);
+	assert_int_equal(diracl_may_read(&none, &st, 1001, (const gid_t[]){ 50 }, 1), 0);
+	assert_int_equal(diracl_all_read(&none, &st, (gid_t)-1), 0);
+	assert_int_equal(diracl_all_read(&none, &st, 40), 0);
+	st.st_mode = S_IFREG | 0640;
+	assert_int_equal(diracl_all_read(&none, &st, 50), 1);
+	assert_int_equal(diracl_all_read(&none, &st, 40), 0);
+	assert_int_equal(diracl_may_read(&untold, &st, 1001, (const gid_t[]){ 50 }, 1), 0);
+	assert_int_equal(diracl_all_read(&untold, &st, 50), 0);
+	assert_int_equal(diracl_may_read(&v, &st, 1001, (const gid_t[]){ 40 }, 1), 1);
+	v.len--; /* ragged */
+	assert_int_equal(diracl_may_read(&v, &st, 1001, (const gid_t[]){ 40 }, 1), 0);
+	assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 0);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		v = (struct diracl_value){ .kind = DIRACL_POSIX, .len = bad[i].len,
+			.value = bad[i].b };
+		assert_int_equal(diracl_may_read(&v, &st, 1001, (const gid_t[]){ 40 }, 1), 0);
+		assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 0);
+	}
+}
+
+/* An NFSv4 ACL: ACEs in order, the first that matches decides. */
+static void
+test_nfs4_read(void **state)
+{
+	struct nfs4 a = { .len = 0 }, b;
+	struct stat st = { .st_uid = OWNER, .st_gid = 50, .st_mode = S_IFREG | 0644 };
+	struct diracl_value v = { .kind = DIRACL_NFS4 };
+	const gid_t g40[] = { 40 }, g50[] = { 50 };
+
+	(void)state;
+	put_be(&a, 0);
+	nfs4_ace(&a, ALLOW, 0, READ_DATA, "OWNER@");
+	b = a;
+	nfs4_ace(&a, ALLOW, 0, READ_DATA, "GROUP@");
+	nfs4_ace(&a, ALLOW, 0, READ_DATA, "EVERYONE@");
+	v.value = a.b;
+	v.len = a.len;
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g40, 1), 1);
+	assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 1);
+	/* GROUP@ denied before EVERYONE@ allowed: 0604, "all but group 50" */
+	nfs4_ace(&b, DENY, 0, READ_DATA, "GROUP@");
+	nfs4_ace(&b, ALLOW, 0, READ_DATA, "EVERYONE@");
+	v.value = b.b;
+	v.len = b.len;
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g50, 1), 0);
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g40, 1), 1);
+	assert_int_equal(diracl_may_read(&v, &st, OWNER, g50, 1), 1);
+	assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 0);
+	assert_int_equal(diracl_all_read(&v, &st, 40), 0);
+	/* a named who before the decision cannot be told: denied */
+	b.len = 4;
+	b.b[3] = 0;
+	nfs4_ace(&b, DENY, 0, READ_DATA, "alice@dom");
+	nfs4_ace(&b, ALLOW, 0, READ_DATA, "EVERYONE@");
+	v.len = b.len;
+	assert_int_equal(diracl_may_read(&v, &st, 1002, g40, 1), 0);
+	assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 0);
+	/* INHERIT_ONLY, AUDIT and ACEs without READ_DATA are not weighed;
+	 * an ACL that ends undecided denies */
+	b.len = 4;
+	b.b[3] = 0;
+	nfs4_ace(&b, DENY, INHERIT_ONLY, READ_DATA, "EVERYONE@");
+	nfs4_ace(&b, 2, 0, READ_DATA, "EVERYONE@");
+	nfs4_ace(&b, DENY, 0, ADD_FILE, "EVERYONE@");
+	nfs4_ace(&b, ALLOW, 0, READ_DATA, "GROUP@");
+	v.len = b.len;
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g50, 1), 1);
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g40, 1), 0);
+	assert_int_equal(diracl_all_read(&v, &st, 50), 1);
+	assert_int_equal(diracl_all_read(&v, &st, 40), 0);
+	/* bytes past the last ACE, a count past the end: not one */
+	v.value = a.b;
+	v.len = a.len + 4;
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g40, 1), 0);
+	v.len = a.len - 1;
+	assert_int_equal(diracl_may_read(&v, &st, 1001, g40, 1), 0);
+	assert_int_equal(diracl_all_read(&v, &st, (gid_t)-1), 0);
+}
+
+/* diracl_file_acl on real files: none on a plain file; the POSIX ACL's
+ * bytes where the filesystem keeps them; a closed descriptor untold. */
+static void
+test_file_acl(void **state)
+{
+	char *dir = made_dir(), path[PATH_MAX];
+	struct acl a = acl_of(2, (const uint32_t[]){ USER_OBJ, 6, ANY, USER, 0, 1001, GROUP_OBJ,
+		4, ANY, MASK, 4, ANY, OTHER, 4, ANY, 0 });
+	struct diracl_value v;
+	int fd;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/f", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	diracl_file_acl(fd, &v);
+	assert_int_equal(v.kind, DIRACL_NONE);
+	diracl_value_free(&v);
+	if (fsetxattr(fd, "system.posix_acl_access", a.b, a.len, 0) == 0) {
+		struct stat st;
+
+		assert_int_equal(fstat(fd, &st), 0);
+		diracl_file_acl(fd, &v);
+		assert_int_equal(v.kind, DIRACL_POSIX);
+		assert_int_equal(v.len, a.len);
+		assert_memory_equal(v.value, a.b, a.len);
+		assert_int_equal(diracl_may_read(&v, &st, 1001, (const gid_t[]){ 4242 }, 1), 0);
+		assert_int_equal(diracl_may_read(&v, &st, 1002, (const gid_t[]){ 4242 }, 1), 1);
+		diracl_value_free(&v);
+	}
+	assert_int_equal(close(fd), 0);
+	diracl_file_acl(fd, &v);
+	assert_int_equal(v.kind, DIRACL_UNTOLD);
+	diracl_file_acl(-1, &v);
+	assert_int_equal(v.kind, DIRACL_UNTOLD);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
@@ -537,6 +774,11 @@ main(void)
 		cmocka_unit_test(test_nfs4_not_an_acl_fails_closed),
 		cmocka_unit_test(test_nfs4_fold),
 		cmocka_unit_test(test_a_directory_models_own_directory_is_folded),
+		cmocka_unit_test(test_may_read),
+		cmocka_unit_test(test_all_read),
+		cmocka_unit_test(test_read_by_mode_and_fails_closed),
+		cmocka_unit_test(test_nfs4_read),
+		cmocka_unit_test(test_file_acl),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
