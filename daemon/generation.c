@@ -1266,11 +1266,13 @@ gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say
 	g->relinked_st = *now;
 	m->revalidate = g->number;
 	if (say)
-		log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime moved "
-		 "(a hard link added or removed beside it, or a write with its mtime put "
-		 "back): loading its files again, validated anew; generation %" PRIu64
-		 " still serving", g->model_name, file_basename(g->source.files[i].path),
-		(uintmax_t)g->source.files[i].st.st_nlink, (uintmax_t)now->st_nlink, g->number);
+		log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime "
+			 "moved (a hard link added or removed beside it, or a write with its "
+			 "mtime put back): loading its files again, validated anew; generation "
+			 "%" PRIu64 " still serving", g->model_name,
+			 file_basename(g->source.files[i].path),
+			 (uintmax_t)g->source.files[i].st.st_nlink, (uintmax_t)now->st_nlink,
+			 g->number);
 	return 1;
 }
 

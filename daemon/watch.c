@@ -453,7 +453,8 @@ prune_paced(struct watch *w)
 		bool swaps_over = p->swaps == 0 || now - p->swaps_ms >= WATCH_SWAPS_MS;
 
 		/* A revalidation's pacing lasts WATCH_RELINK_QUIET_MS. */
-		bool relinks_over = p->relink_ms == 0 || now >= p->relink_ms + WATCH_RELINK_QUIET_MS;
+		bool relinks_over = p->relink_ms == 0 ||
+			now >= p->relink_ms + WATCH_RELINK_QUIET_MS;
 
 		if (m == NULL || m->entry_id != p->entry_id ||
 			(paced_quiet(p, now) && swaps_over && relinks_over))

@@ -71,7 +71,8 @@ struct paced_model {
 	uint64_t swaps_ms;    /* loop time the swaps counted below began */
 	unsigned swaps;       /* swaps since swaps_ms (WATCH_BURST_SWAPS) */
 	struct lograte lines; /* its "reloading" lines while delay_ms is not 0 */
-	uint64_t relink_ms;   /* loop time its last revalidation (watch_revalidate) is due; 0: none */
+	/* loop time its last revalidation (watch_revalidate) is due; 0: none */
+	uint64_t relink_ms;
 	uint64_t relink_delay_ms; /* 0, or the least time from one revalidation to the next */
 };
 
