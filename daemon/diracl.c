@@ -12,6 +12,7 @@
 #include <sys/statfs.h>
 #include <sys/xattr.h>
 
+#include "base/file.h"
 #include "fstype.h"
 
 /* linux/posix_acl_xattr.h and linux/posix_acl.h: the xattr's layout. */
@@ -159,32 +160,16 @@ diracl_nfs4_write(const unsigned char *buf, size_t len)
 void
 diracl_file_acl(int fd, struct diracl_value *acl)
 {
-	unsigned char value[ACL_MAX];
-	enum diracl_kind kind = DIRACL_POSIX;
-	ssize_t n;
+	int nfs4, r = file_acl_value(fd, &acl->value, &acl->len, &nfs4);
 
-	*acl = (struct diracl_value){ .kind = DIRACL_UNTOLD };
-	if (fd < 0)
-		return;
-	while ((n = fgetxattr(fd, "system.posix_acl_access", value, sizeof(value))) == -1 &&
-		errno == EINTR)
-		;
-	if (n < 0 && errno == ENOTSUP) { /* EOPNOTSUPP too: NFS keeps its own */
-		kind = DIRACL_NFS4;
-		while ((n = fgetxattr(fd, "system.nfs4_acl", value, sizeof(value))) == -1 &&
-			errno == EINTR)
-			;
-	}
-	if (n < 0) {
-		if (errno == ENODATA || errno == ENOTSUP)
-			acl->kind = DIRACL_NONE;
-		return;
-	}
-	if ((acl->value = malloc(n > 0 ? (size_t)n : 1)) == NULL)
-		return;
-	memcpy(acl->value, value, (size_t)n);
-	acl->len = (size_t)n;
-	acl->kind = kind;
+	acl->kind = diracl_kind_of(r, nfs4);
+}
+
+enum diracl_kind
+diracl_kind_of(int state, int nfs4)
+{
+	return state == 0 ? DIRACL_NONE : state < 0 ? DIRACL_UNTOLD :
+		nfs4 ? DIRACL_NFS4 : DIRACL_POSIX;
 }
 
 void

@@ -60,6 +60,9 @@ struct diracl_value {
  * 4 KiB or no memory. diracl_value_free frees what it read.
  */
 void diracl_file_acl(int fd, struct diracl_value *acl);
+/* The kind of an ACL file_acl_value (base/file.h) answered state and nfs4
+ * for (an index's, model_source's index_acl_value). */
+enum diracl_kind diracl_kind_of(int state, int nfs4);
 void diracl_value_free(struct diracl_value *acl);
 
 /*

@@ -163,6 +163,9 @@ struct load_request {
 	 * files (drop_opened, files_acl_free). */
 	struct diracl_value *files_acl;
 	size_t nfiles_acl;
+	/* The shard index's ACL (model_source's index_acl_value), as file_acl
+	 * gives it: its value borrowed from q->source, never freed here. */
+	struct diracl_value index_acl;
 	int *served_fds;      /* gen_open_served(), one per file */
 	int index_fd;
 	/* A watched reload of a model that nothing serves, judged against
@@ -599,20 +602,23 @@ owner_groups_look(uid_t uid, struct owner_groups *g)
  * a model file's read from its descriptor the first time a rule needs it,
  * then kept in q->files_acl for the rest of the load: linked_in and
  * index_owner_reads judge each shard, and each asked it again (an
- * fgetxattr each, up to three a shard). A shard index's is only known to
- * be there or not (model_source's index_acl): one there, or no memory to
- * keep it, cannot be told (no one else reads by it). Work queue thread: on
- * a remote filesystem the server answers it.
+ * fgetxattr each, up to three a shard). A shard index's is the one
+ * shards.c read from the descriptor it read the index through
+ * (model_source's index_acl_value). Work queue thread: on a remote
+ * filesystem the server answers it.
  */
 static const struct diracl_value *
 file_acl(struct load_request *q, size_t i)
 {
-	static const struct diracl_value none = { .kind = DIRACL_NONE },
-		untold = { .kind = DIRACL_UNTOLD };
+	static const struct diracl_value untold = { .kind = DIRACL_UNTOLD };
+	const struct source_acl *ix = &q->source.index_acl_value;
 	struct diracl_value *v;
 
-	if (i >= q->source.nfiles)
-		return q->source.index_acl ? &untold : &none;
+	if (i >= q->source.nfiles) {
+		q->index_acl = (struct diracl_value){ .kind = diracl_kind_of(ix->state, ix->nfs4),
+			.value = ix->value, .len = ix->len };
+		return &q->index_acl;
+	}
 	if (q->files_acl == NULL) {
 		if ((q->files_acl = calloc(q->source.nfiles, sizeof(*q->files_acl))) == NULL)
 			return &untold;

@@ -50,15 +50,32 @@ file_fstat(int fd, struct stat *st)
 }
 
 int
-file_has_acl(int fd)
+file_acl_value(int fd, unsigned char **value, size_t *len, int *nfs4)
 {
+	unsigned char buf[FILE_ACL_MAX];
 	ssize_t n;
 
+	*value = NULL;
+	*len = 0;
+	*nfs4 = 0;
 	if (fd < 0)
-		return 1;
-	while ((n = fgetxattr(fd, "system.posix_acl_access", NULL, 0)) == -1 && errno == EINTR)
+		return -1;
+	while ((n = fgetxattr(fd, "system.posix_acl_access", buf, sizeof(buf))) == -1 &&
+		errno == EINTR)
 		;
-	return n >= 0 || (errno != ENODATA && errno != ENOTSUP); /* EOPNOTSUPP: one value */
+	if (n < 0 && errno == ENOTSUP) { /* EOPNOTSUPP too (one value): NFS keeps its own */
+		*nfs4 = 1;
+		while ((n = fgetxattr(fd, "system.nfs4_acl", buf, sizeof(buf))) == -1 &&
+			errno == EINTR)
+			;
+	}
+	if (n < 0)
+		return errno == ENODATA || errno == ENOTSUP ? 0 : -1;
+	if ((*value = malloc(n > 0 ? (size_t)n : 1)) == NULL)
+		return -1;
+	memcpy(*value, buf, (size_t)n);
+	*len = (size_t)n;
+	return 1;
 }
 
 int

@@ -41,12 +41,16 @@ int file_openat(int dir, const char *path, int flags);
 int file_fstat(int fd, struct stat *st);
 
 /*
- * Whether the file open as fd (not O_PATH) has a POSIX access ACL
- * (system.posix_acl_access), whose mask its mode's group bits then show,
- * not its group's right: 1 where it has one, or where that cannot be told
- * (fd -1, an error but ENODATA and ENOTSUP); 0 where it has none.
+ * The access ACL of the file open as fd (not O_PATH), as its bytes: one
+ * fgetxattr of system.posix_acl_access, or where the filesystem keeps no
+ * POSIX ACLs (ENOTSUP: NFS) of system.nfs4_acl (*nfs4 = 1). Returns 1 with
+ * *value (malloc'd, *len bytes; the caller frees it) where it has one; 0
+ * where it has none (ENODATA, ENOTSUP); -1 where that cannot be told (fd
+ * -1, any other error, a value over FILE_ACL_MAX bytes, no memory). *value
+ * is NULL and *len 0 but for 1.
  */
-int file_has_acl(int fd);
+#define FILE_ACL_MAX 4096
+int file_acl_value(int fd, unsigned char **value, size_t *len, int *nfs4);
 
 /*
  * Reads exactly [off, off + len) of fd into a new malloc'd buffer (*out,

@@ -24,6 +24,14 @@ enum source_format {
 	FORMAT_WEIG,
 };
 
+/* A file's access ACL as file_acl_value (base/file.h) read it. */
+struct source_acl {
+	int state;            /* 1: it has one, value holds it; 0: none; -1: not told */
+	int nfs4;             /* value is system.nfs4_acl's, not POSIX's */
+	unsigned char *value; /* malloc'd, len bytes; NULL but for state 1 */
+	size_t len;
+};
+
 /*
  * A model opened from disk, before it becomes a wc_model or a daemon
  * generation: its files (open and mapped) and its compiled index. Filled by
@@ -39,9 +47,12 @@ struct model_source {
 	 * file its path named; what wcached asks of it (its owner) is asked
 	 * of what was read, not of whatever the path names later. */
 	struct stat index_st;
-	/* FORMAT_SHARDED: whether that file had an access ACL (file_has_acl):
-	 * its group bits are then the ACL's mask. */
+	/* FORMAT_SHARDED: whether that file had a POSIX access ACL, or one
+	 * that could not be told: its group bits are then the ACL's mask. */
 	int index_acl;
+	/* FORMAT_SHARDED: that file's access ACL, read from the descriptor it
+	 * was read through (wcached judges who could read it by it). */
+	struct source_acl index_acl_value;
 };
 
 /*

@@ -533,11 +533,11 @@ shard_map_free(struct shard_map *m)
 
 /* Reads (a private copy, at most SHARDS_MAX_INDEX bytes) and parses the
  * shard index file, opened inside the model's tree; *st gets its fstat as
- * opened (model_source's index_st), *acl whether it has an access ACL
- * (model_source's index_acl). */
+ * opened (model_source's index_st), *acl (where not NULL) its access ACL
+ * (model_source's index_acl_value; the caller frees its value). */
 static int
 load_index(const struct model_tree *tree, const char *index_path, struct shard_map *m,
-	struct stat *st, int *acl)
+	struct stat *st, struct source_acl *acl)
 {
 	struct wc_file f;
 	uint8_t *json = NULL;
@@ -556,7 +556,8 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
 		shard_map_free(m);
 	if (rc == 0) {
 		*st = f.st;
-		*acl = file_has_acl(f.fd);
+		if (acl != NULL)
+			acl->state = file_acl_value(f.fd, &acl->value, &acl->len, &acl->nfs4);
 	}
 	free(json);
 	file_close(&f);
@@ -573,7 +574,7 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
  */
 static int
 open_index(const char *index_path, struct model_tree *tree, char **dir, struct shard_map *m,
-	struct stat *st, int *acl)
+	struct stat *st, struct source_acl *acl)
 {
 	struct model_tree t = { .fd = -1 };
 	struct shard_map parsed = { 0 };
@@ -601,9 +602,9 @@ shards_read_index(const char *index_path, struct shard_map *out)
 	struct model_tree tree;
 	struct stat st;
 	char *dir;
-	int rc, acl;
+	int rc;
 
-	if ((rc = open_index(index_path, &tree, &dir, out, &st, &acl)) < 0)
+	if ((rc = open_index(index_path, &tree, &dir, out, &st, NULL)) < 0)
 		return rc;
 	tree_close(&tree);
 	free(dir);
@@ -676,7 +677,7 @@ shards_open(const char *index_path, struct model_source *out)
 	struct model_tree tree = { .fd = -1 };
 	struct shard_map m = { 0 };
 	struct stat index_st;
-	int index_acl = 1;
+	struct source_acl index_acl = { .state = -1 };
 	struct index_builder *b = NULL;
 	struct wc_file *files = NULL;
 	char **paths = NULL, *dir = NULL;
@@ -734,7 +735,8 @@ shards_open(const char *index_path, struct model_source *out)
 	out->index = blob;
 	out->index_len = len;
 	out->index_st = index_st;
-	out->index_acl = index_acl;
+	out->index_acl = index_acl.state < 0 || (index_acl.state > 0 && !index_acl.nfs4);
+	out->index_acl_value = index_acl;
 	shard_map_free(&m);
 	return 0;
 fail:
@@ -749,6 +751,7 @@ fail:
 			free(paths[i]);
 	free(paths);
 	free(dir);
+	free(index_acl.value);
 	tree_close(&tree);
 	shard_map_free(&m);
 	return rc;

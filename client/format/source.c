@@ -224,6 +224,7 @@ source_close(struct model_source *s)
 		file_close(&s->files[i]);
 	free(s->files);
 	free(s->index);
+	free(s->index_acl_value.value);
 	memset(s, 0, sizeof(*s));
 }
 

@@ -811,3 +811,32 @@ def test_group_writable_index_naming_a_file_its_acl_decides(tmp_path, users_know
             _, line = d.wait_for_log(r'model "llama": (its |.* may not read|.* may write|'
                                      r'generation 2 is current)')
             assert "generation 2 is current" in line, d.read_log()
+
+
+@pytest.mark.parametrize("other", ["r", "none"])
+def test_her_index_with_an_acl_is_judged_by_it(tmp_path, users_known, other):
+    """A shard index's own ACL is read as the files' are: ac9aaec judged it
+    untold (shards.c kept only whether it had one), so her index in root's
+    team place refused to load wherever it had an ACL, as every new file
+    gets where the place has a default ACL; before that, its mode's classes
+    decided. Now shards.c keeps the bytes it read through the index's
+    descriptor: `other::r--` lets root, the place's owner, read it (loads);
+    `other::---` does not (refused, as a 0660 index of hers is), though a
+    named entry lets wcached's user read it."""
+    d0 = made_by(tmp_path / "team2", 0, 0o1775)
+    sharded_model(d0, mkmodel(os.path.join(d0, "in.safetensors"), seed=1))
+    index = os.path.join(d0, "model.safetensors.index.json")
+    os.chown(index, ALICE_UID, GROUP)
+    set_acl(index, [(0x01, 6, ACL_OBJ), (0x02, 6, BOB_UID), (0x02, 4, DAEMON_UID),
+                    (0x04, 4, ACL_OBJ), (0x10, 6, ACL_OBJ),
+                    (0x20, 4 if other == "r" else 0, ACL_OBJ)])
+    d = Daemon(tmp_path, {"llama": d0}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        _, line = d.wait_for_log(r'model "llama": (generation 1 warm|.* may not read)')
+        if other == "r":
+            assert "generation 1 warm" in line, d.read_log()
+        else:
+            assert "%s is owned by uid %d (mode 0660, group %d), which uid 0" % (
+                index, ALICE_UID, GROUP) in line, line
+    finally:
+        assert d.stop() == 0, d.read_log()
