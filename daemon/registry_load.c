@@ -2713,13 +2713,18 @@ relink_answered(struct model_entry *m, const struct load_request *q)
 
 /*
  * load_failed: q carried the revalidation of m's current generation g
- * after a links-only move, and failed. Where the failure is its files'
- * (not a refusal, a missing path, a lack of room or memory) and the path
- * names what g opened (its dev, inode, size and mtime: not its ctime,
- * which a link moves), the files serving no longer validate: g is marked
- * modified (fail closed). Else (another, broken file renamed over the
- * path of a linked file) g keeps serving, as after any failed
- * replacement.
+ * after a links-only move, and failed. Where the failure is its file's
+ * content (a parser's verdict: EINVAL, EBADMSG, EPROTO, E2BIG, ERANGE,
+ * EFBIG, ENOTSUP; not a refusal, a missing path, a lack of room or memory,
+ * nor an I/O error a remote filesystem may answer for a while: review
+ * rev227 L1), g is one file, and the path names what g opened (its dev,
+ * inode, size and mtime: not its ctime, which a link moves), the file
+ * serving no longer validates: g is marked modified (fail closed). Else g
+ * keeps serving, as after any failed replacement: another, broken file
+ * renamed over the path of a linked file; and for a model of several files
+ * the configured path (the shard index, the directory) says nothing of
+ * which file failed: a broken shard renamed over a linked one marked g
+ * modified (review rev227 M2).
  */
 static void
 relink_failed(struct registry *r, struct model_entry *m, const struct load_request *q)
@@ -2730,10 +2735,10 @@ relink_failed(struct registry *r, struct model_entry *m, const struct load_reque
 
 	if (q->revalidate == 0 || g == NULL || g->number != q->revalidate ||
 		!gen_attachable(g) || q->room_refused || q->tree_status < 0 ||
-		q->busy_path != NULL || e == ENOENT || e == EACCES || e == EPERM || e == EBUSY ||
-		e == ENOMEM || e == EMFILE || e == ENFILE || e == EXDEV || e == ELOOP ||
-		e == ENOTDIR || e == EAGAIN || e == EINTR || e == ECANCELED || e == ESHUTDOWN ||
-		e == ETXTBSY || !q->path_known || !g->opened_path.known ||
+		q->busy_path != NULL || (e != EINVAL && e != EBADMSG && e != EPROTO &&
+			e != E2BIG && e != ERANGE && e != EFBIG && e != ENOTSUP) ||
+		g->source.nfiles != 1 || g->source.format == FORMAT_SHARDED ||
+		!q->path_known || !g->opened_path.known ||
 		a->st_dev != b->st_dev || a->st_ino != b->st_ino || a->st_size != b->st_size ||
 		a->st_mtim.tv_sec != b->st_mtim.tv_sec || a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
 		return;

@@ -9,6 +9,7 @@ generation, and files that no longer validate are refused (fail closed).
 One daemon serves a model per case (their pacing is per model): the cases
 run in order, each waiting on its own model's log lines."""
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import time
 import pytest
 
 from conftest import Daemon, binary, mkmodel, wait_until
+from test_ctl_escape import sharded
 from test_tree_places import ALICE_UID, BOB_UID, DAEMON_UID, GROUP, as_bob, made_by
 from test_tree_places import pytestmark
 
@@ -44,9 +46,16 @@ def place(tmp_path_factory):
         os.chown(m, ALICE_UID, GROUP)
         os.chmod(m, 0o644)
         paths[case] = m
+    # "sharded": a model configured by its shard index (rev227 M2)
+    where = sharded(pathlib.Path(made_by(os.path.join(shared, "sharded"), ALICE_UID)) / "m",
+                    {"a.safetensors": {"x": b"\x00" * 4096}, "b.safetensors": {"y": b"\x01" * 4096}})
+    for name in os.listdir(where):
+        os.chown(os.path.join(where, name), ALICE_UID, GROUP)
+    os.chown(where, ALICE_UID, GROUP)
+    paths["sharded"] = os.path.join(where, "model.safetensors.index.json")
     d = Daemon(tmp, paths, user=(DAEMON_UID, GROUP), nofile=1024).start()
     try:
-        for case in CASES:
+        for case in CASES + ["sharded"]:
             d.wait_for_log(r'model "%s": generation 1 warm' % case)
         yield d, paths, bob
     finally:
@@ -201,6 +210,32 @@ def test_a_broken_version_renamed_over_a_linked_file_keeps_serving(place, case):
         wait_count(d, r'model "%s": .*generation 1 still serving' % case, 3)
     serves(d, case, 1)
     assert not re.search(r'model "%s": .*modified in place' % case, d.read_log())
+
+
+def test_a_broken_shard_renamed_over_a_linked_shard_keeps_serving(place):
+    """rev227 M2: a model configured by its shard index, one shard with a
+    second name (alice's cp -al snapshot), and a broken new version of that
+    shard renamed over it: the old shard's link count drops, its files are
+    loaded again and the load fails on the new shard. The configured path
+    (the index, untouched) said nothing of which file failed: generation 1
+    was marked modified, attaches refused. It serves on, as after any
+    failed replacement."""
+    d, paths, bob = place
+    where = os.path.dirname(paths["sharded"])
+    b = os.path.join(where, "b.safetensors")
+    time.sleep(0.02)
+    os.link(b, os.path.join(bob, "b.snapshot"))
+    wait_count(d, unchanged("sharded"), 1)
+    bad = os.path.join(where, ".b.new")
+    with open(bad, "wb") as f:
+        f.write(b"\x08\x00\x00\x00\x00\x00\x00\x00{broken}")
+    os.rename(bad, b)
+    # the rename's reload fails; then the link count drop, loaded again, fails
+    wait_count(d, r'model "sharded": b\.safetensors: its link count went from 2 to 1', 1)
+    wait_count(d, r'model "sharded": .*generation 1 still serving', 3)
+    serves(d, "sharded", 1)
+    assert not re.search(r'model "sharded": .*(modified in place|no longer validate)',
+                         d.read_log()), d.read_log()
 
 
 def test_links_made_in_a_loop_keep_no_worker_out_and_are_paced(place):
