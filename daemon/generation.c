@@ -567,6 +567,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g->holders);
 	free(g->gone);
 	free(g->adopt_st);
+	free(g->relinked_sts);
 	free(g->resolved_path);
 	free(g->tree_root);
 	free(g->links);
@@ -1261,9 +1262,15 @@ gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say
 	if (m == NULL || m->current != g || !gen_attachable(g) || g->origin != NULL ||
 		g->relink_asked || i >= g->source.nfiles)
 		return 0;
+	if (g->relinked_sts == NULL &&
+		(g->relinked_sts = malloc(g->source.nfiles * sizeof(*g->relinked_sts))) == NULL)
+		return 0; /* not asked: the next check asks again */
+	/* A new ask: the files an earlier one saw moved are in the fstats
+	 * it adopted, or move again for this one. */
+	memset(g->relinked_sts, 0, g->source.nfiles * sizeof(*g->relinked_sts));
 	g->relink_asked = 1;
 	g->relinked_i = i;
-	g->relinked_st = *now;
+	g->relinked_sts[i] = *now;
 	m->revalidate = g->number;
 	if (say)
 		log_info("model \"%s\": %s: its link count went from %ju to %ju and its ctime "
@@ -1274,6 +1281,13 @@ gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say
 			 (uintmax_t)g->source.files[i].st.st_nlink, (uintmax_t)now->st_nlink,
 			 g->number);
 	return 1;
+}
+
+void
+gen_relinked_also(struct generation *g, size_t i, const struct stat *now)
+{
+	if (g->relink_asked && g->relinked_sts != NULL && i < g->source.nfiles)
+		g->relinked_sts[i] = *now;
 }
 
 void

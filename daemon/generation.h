@@ -135,7 +135,7 @@ struct generation {
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
 	int populated;              /* every page is mapped into the daemon (pages.c) */
-	int relink_asked;           /* see relinked_st below */
+	int relink_asked;           /* see relinked_sts below */
 	/* The latest lock pages.c was refused: what and why, as its log line
 	 * says it after the model's name (status's pin_error); empty when
 	 * none was, or a later lock of that kind held. */
@@ -195,12 +195,15 @@ struct generation {
 	 * link added or removed beside it, or a write with its mtime put back
 	 * hidden behind one) asked that its files be loaded again, validated
 	 * anew (gen_note_relinked), and that reload has not answered yet:
-	 * relinked_i is the file, relinked_st its fstat when seen (a remote
-	 * file's kept identity takes its ctime, registry_load.c's keep_tree).
+	 * relinked_i is the file; relinked_sts, one per file, the fstat of
+	 * each file whose links moved when seen (that ask's check, or a later
+	 * one before it answered: gen_relinked_also), st_nlink 0 where none
+	 * was seen (a remote file's kept identity takes its ctime,
+	 * registry_load.c's keep_tree: a cp -al snapshot links every file).
 	 * adopt_st: the fstats such a reload found the same index with
 	 * (gen_adopt_stats), waiting for page work, which reads
 	 * source.files[].st on its thread, to end; NULL: none. */
-	struct stat relinked_st;
+	struct stat *relinked_sts;
 	struct stat *adopt_st;
 	size_t relinked_i;
 	/* The realpath(3) of the model's configured path (a symbolic link to
@@ -390,6 +393,10 @@ void gen_mark_modified(struct registry *r, struct generation *g, const char *fil
 void gen_note_relinked(struct registry *r, struct generation *g, size_t i,
 	const struct stat *now);
 int gen_relinked_now(struct generation *g, size_t i, const struct stat *now, int say);
+/* File i of g moved its links too, now its fstat, while g's revalidation
+ * is asked (the same check as file gen_note_relinked's, or a later one):
+ * recorded for that revalidation (keep_tree). Else nothing. */
+void gen_relinked_also(struct generation *g, size_t i, const struct stat *now);
 
 /* A reload found g's files, after a links-only move, with g's own index
  * (validated anew): their fstats then (src's, one per file, the same

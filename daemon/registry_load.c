@@ -3608,12 +3608,15 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		 * (NFS's fileid, the exported inode's) to the next file made
 		 * there, the same st_ino through this client (review rev222
 		 * M1). */
-		/* A revalidation after a links-only move of a remote file
-		 * (gen_note_relinked): that inode (seen through the held
-		 * descriptor) with the ctime the move gave it. */
+		/* A revalidation after a links-only move of remote files
+		 * (gen_note_relinked, gen_relinked_also): each such inode
+		 * (seen through the held descriptor) with the ctime the move
+		 * gave it; every file a snapshot linked, not the first alone
+		 * (review rev227 M3). */
 		const struct stat *ct = g == m->current && g->relink_asked &&
 				m->revalidate == g->number && g->origin == NULL &&
-				i == g->relinked_i ? &g->relinked_st : st;
+				g->relinked_sts != NULL && i < g->source.nfiles &&
+				g->relinked_sts[i].st_nlink != 0 ? &g->relinked_sts[i] : st;
 
 		q->keep_files[q->nkeep_files] = (struct file_id){ .dev = st->st_dev,
 			.ino = st->st_ino, .ctime_ns = file_time_ns(&ct->st_ctim),

@@ -302,9 +302,14 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	}
 	/* Only links moved (a staged copy's source restages instead: its
 	 * origin's ctime, same_inodes): its files are loaded again,
-	 * validated anew, paced; g keeps serving meanwhile. */
-	if (relinked && !replaced && !in_place && g->origin == NULL && g->adopt_st == NULL)
+	 * validated anew, paced; g keeps serving meanwhile. Every file
+	 * moved is recorded: the reload knows each by its ctime now. */
+	if (relinked && !replaced && !in_place && g->origin == NULL && g->adopt_st == NULL) {
 		registry_relinked(w->reg, g, relinked_i, &j->st[relinked_i + 1]);
+		for (size_t i = relinked_i; i < g->source.nfiles && i + 1 < j->npaths; i++)
+			if (file_links_moved(&g->source.files[i].st, &j->st[i + 1]))
+				gen_relinked_also(g, i, &j->st[i + 1]);
+	}
 	if (!replaced && !in_place && path_sig == p->dir_sig) {
 		p->last_sig = sig;
 		p->changing = 0;

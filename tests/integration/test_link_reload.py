@@ -18,8 +18,10 @@ import time
 import pytest
 
 from conftest import Daemon, binary, mkmodel, wait_until
+from remotefs import RemoteFS  # tests/pyutil, on the path conftest set
 from test_ctl_escape import sharded
-from test_tree_places import ALICE_UID, BOB_UID, DAEMON_UID, GROUP, as_bob, made_by
+from test_reload_refused import remote_place
+from test_tree_places import ALICE_UID, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID, as_bob, made_by
 from test_tree_places import pytestmark
 
 __all__ = ["pytestmark"]
@@ -267,3 +269,32 @@ def test_links_made_in_a_loop_keep_no_worker_out_and_are_paced(place):
     assert count(d, r'model "loop": links of its files keep changing') == 1, log
     assert 'model "loop": generation 2' not in log, log
     assert not re.search(r'model "loop": .*modified in place', log), log
+
+
+def test_a_snapshot_linking_two_files_of_a_remote_model_is_validated_anew(tmp_path):
+    """A polled remote 2775 place (FUSE, stage = no): root's model of two
+    shards, both linked at once into a snapshot beside it (cp -al): the
+    reload knows each file by the ctime the move gave it, so it validates
+    them anew. Only the first file's was kept (review rev227 M3): the
+    second was "not one of the files serving", refused each paced minute,
+    never validated."""
+    backing, mnt, shared = remote_place(tmp_path)
+    llama = pathlib.Path(shared) / "llama"
+    sharded(llama, {"a.safetensors": {"x": b"\x00" * 4096}, "b.safetensors": {"y": b"\x01" * 4096}})
+    os.chmod(llama, 0o2775)
+    snap = made_by(os.path.join(shared, "snap"), 0)
+    with RemoteFS(backing, mnt, attr_timeout=0.1):
+        d = Daemon(tmp_path / "d", {"llama": (str(mnt / "shared" / "llama"),
+                                              {"poll_interval": "1", "stage": "no"})},
+                   user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+        try:
+            d.wait_for_log(r'model "llama": generation 1 warm', timeout=60)
+            time.sleep(0.05)  # a ctime of a later clock tick than the load's
+            for n in ("a", "b"):
+                os.link(llama / ("%s.safetensors" % n), os.path.join(snap, n))
+            d.wait_for_log(r'model "llama": generation 1: its files, loaded again after a '
+                           r'link count change, validated anew: unchanged', timeout=30)
+            serves(d, "llama", 1)
+            assert "is not one of the files serving" not in d.read_log(), d.read_log()
+        finally:
+            assert d.stop() == 0, d.read_log()
