@@ -512,6 +512,21 @@ described_stat(const struct wc_file *f, struct stat *out)
 		file_time_ns(&out->st_ctim) != file_time_ns(&f->st.st_ctim);
 }
 
+/* g, its model's current generation, asked that its files be loaded again
+ * after a links-only move (gen_note_relinked), and that reload has not
+ * answered: its files are described with the load's fstat (not
+ * described_stat's), so that the next start sees the link count moved
+ * and loads them again, validated anew (restore_check.c's file_changed,
+ * restore_job.c). With the moved link count and ctime it restored g "not
+ * read again", and nothing asked again: a header written behind the link
+ * served for good (review rev227 M1). */
+static int
+revalidation_pending(const struct generation *g)
+{
+	return g->model != NULL && g->model->current == g && g->relink_asked &&
+		g->model->revalidate == g->number;
+}
+
 /* Fills dg from g of m, stored under m's slot, in role. */
 static int
 describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
@@ -542,7 +557,10 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		const struct stat *st = &now;
 		struct fdstore_file *f = &dg->files[k];
 
-		(void)described_stat(&g->source.files[k], &now);
+		if (role == FDSTORE_CURRENT && revalidation_pending(g))
+			now = g->source.files[k].st;
+		else
+			(void)described_stat(&g->source.files[k], &now);
 		if (fdstore_name_file(name, sizeof(name), m->slot, g->number, (uint32_t)k) < 0 ||
 			(f->fdname = strdup(name)) == NULL)
 			return -ENOMEM;
@@ -1093,7 +1111,11 @@ hash_described_stats(uint64_t h, const struct registry *r)
 		for (size_t k = 0; g->model != NULL && k < g->source.nfiles; k++) {
 			struct stat now;
 
-			if (!described_stat(&g->source.files[k], &now))
+			/* A pending revalidation's load fstat counts too: a
+			 * description written while it ran may hold the move. */
+			if (revalidation_pending(g))
+				now = g->source.files[k].st;
+			else if (!described_stat(&g->source.files[k], &now))
 				continue;
 			uint64_t v[4] = { g->model->entry_id, g->number, k,
 				(uint64_t)file_time_ns(&now.st_ctim) ^ (uint64_t)now.st_nlink };

@@ -10,6 +10,7 @@ and the neighbours run as other users)."""
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -447,6 +448,26 @@ def alices_file_in_a_team_place(tmp_path):
     return team, m
 
 
+def alices_private_file(tmp_path):
+    """alice's one-file model m.safetensors in her own directory: (the
+    directory, the path)."""
+    place = made_by(tmp_path / "alice", ALICE_UID)
+    m = mkmodel(os.path.join(place, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    return place, m
+
+
+def seed2_bytes(tmp_path):
+    """A seed-2 model's bytes, of the size of alice's (seed 1)."""
+    with open(mkmodel(tmp_path / "seed2.safetensors", seed=2), "rb") as f:
+        return f.read()
+
+
+def alice_stored_1(d, mgr):
+    alice_stored(d, mgr)
+    mgr.wait_for(lambda s: "wc-1-1-i" in s.store, what="generation 1 stored")
+
+
 @pytest.mark.parametrize("written", [False, True], ids=["linked", "linked+written"])
 @pytest.mark.parametrize("where", ["private", "team"])
 def test_a_link_made_while_down_is_loaded_again_at_the_restart(tmp_path, where, written):
@@ -464,15 +485,8 @@ def test_a_link_made_while_down_is_loaded_again_at_the_restart(tmp_path, where, 
     if where == "team":
         place, m = alices_file_in_a_team_place(tmp_path)
     else:
-        place = made_by(tmp_path / "alice", ALICE_UID)
-        m = mkmodel(os.path.join(place, "m.safetensors"), seed=1)
-        os.chown(m, ALICE_UID, GROUP)
-    with open(mkmodel(tmp_path / "seed2.safetensors", seed=2), "rb") as f:
-        data = f.read()
-
-    def stored_1(d, mgr):
-        alice_stored(d, mgr)
-        mgr.wait_for(lambda s: "wc-1-1-i" in s.store, what="generation 1 stored")
+        place, m = alices_private_file(tmp_path)
+    data = seed2_bytes(tmp_path)
 
     def linked_while_down(mgr):
         st = os.stat(m)
@@ -484,7 +498,7 @@ def test_a_link_made_while_down_is_loaded_again_at_the_restart(tmp_path, where, 
                 f.write(data)
             os.utime(m, ns=(st.st_atime_ns, st.st_mtime_ns))
 
-    d, mgr = restart_stored(tmp_path, {"alice": m}, linked_while_down, stored_1)
+    d, mgr = restart_stored(tmp_path, {"alice": m}, linked_while_down, alice_stored_1)
     with stopped_after(d, mgr):
         d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store, '
                        r'but m\.safetensors was linked or unlinked while wcached was down',
@@ -541,6 +555,51 @@ def test_a_model_left_out_of_the_store_whose_file_got_a_link_while_running_loads
             d.read_log()
         wait_until(lambda: "generation 2" in d.attach("alice").stdout,
                    what="alice's generation 2 served")
+
+
+def test_a_link_whose_reload_is_pending_at_the_stop_is_loaded_again_at_the_restart(tmp_path):
+    """review rev227 M1: alice's file, its generation stored, is linked from
+    another directory (loaded again, unchanged), then linked again there and
+    written in place through that name, a new header and data at its size,
+    its mtime put back; the residency check sees the link count move, and
+    its reload waits (paced: the second within 60 s) when the stop comes.
+    The stop describes the file with the load's link count and ctime, so
+    the restart loads it again, validated anew: generation 2, its bytes
+    checked by a worker. Before, the moved ones: generation 1 was restored
+    "not read again", the old index over the new bytes, for good."""
+    _, m = alices_private_file(tmp_path)
+    other = made_by(tmp_path / "other", ALICE_UID)
+    data = seed2_bytes(tmp_path)
+
+    def stored_then_linked_written(d, mgr):
+        alice_stored_1(d, mgr)
+        time.sleep(0.05)   # a ctime of a later clock tick than the load's
+        os.link(m, os.path.join(other, "first"))
+        d.wait_for_log(r'model "alice": generation 1: its files, loaded again after a link '
+                       r'count change, validated anew: unchanged', timeout=30)
+        st = os.stat(m)
+        second = os.path.join(other, "second")
+        os.kill(d.proc.pid, signal.SIGSTOP)   # no check sees the write's mtime
+        try:
+            time.sleep(0.02)
+            os.link(m, second)
+            with open(second, "r+b") as f:
+                f.write(data)
+            os.utime(second, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        d.wait_for_log(r'model "alice": m\.safetensors: its link count went from 2 to 3',
+                       timeout=30)
+        # its reload waits 5 s (paced): the stop comes now
+
+    d, mgr = restart_stored(tmp_path, {"alice": m}, lambda mgr: None, stored_then_linked_written)
+    with stopped_after(d, mgr):
+        d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store, '
+                       r'but m\.safetensors was linked or unlinked', timeout=30)
+        d.wait_for_log(r'model "alice": generation 2 is current', timeout=60)
+        r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--repeat", "1",
+                            "--check", "alice"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_stored_file_linked_while_running_then_written_in_place_is_not_restored(tmp_path):
